@@ -1,0 +1,63 @@
+//! The one error type of flint-core.
+
+/// Everything that can go wrong inside flint-core, each variant naming what was wrong and,
+/// where it helps, what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No GPU adapter could be found (or none matched `FLINT_ADAPTER`).
+    #[error("{0}")]
+    NoAdapter(String),
+    /// The adapter refused to create a device.
+    #[error("could not create a GPU device on adapter '{adapter}': {reason}")]
+    DeviceRequest {
+        /// Name of the adapter.
+        adapter: String,
+        /// What wgpu reported.
+        reason: String,
+    },
+    /// wgpu reported a validation, out-of-memory or internal error.
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    /// Mapping a buffer for readback failed.
+    #[error("GPU readback failed: {0}")]
+    Readback(String),
+    /// A kernel was called with arguments that do not fit together.
+    #[error("kernel '{kernel}': {reason}")]
+    KernelArguments {
+        /// The kernel's name.
+        kernel: &'static str,
+        /// What did not fit.
+        reason: String,
+    },
+    /// A tensor needs more memory than the device allows in one buffer or binding.
+    #[error("tensor '{name}' needs {bytes} bytes, more than the device allows: {reason}")]
+    TooLarge {
+        /// Tensor name or role.
+        name: String,
+        /// Bytes requested.
+        bytes: u64,
+        /// Which limit it exceeds.
+        reason: String,
+    },
+    /// A GGUF file is malformed, truncated or unsupported.
+    #[error("GGUF file {context}: {reason}")]
+    Gguf {
+        /// Where in the file (e.g. "header", "metadata key 'general.name'", "tensor 'blk.0.attn_q.weight'").
+        context: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Reading a file from disk failed.
+    #[error("cannot read '{path}': {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with flint-core's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,225 @@
+//! Adapter selection, device creation, error capture and readback.
+
+use std::sync::{Arc, Mutex};
+
+use crate::gpu::pipeline::PipelineCache;
+use crate::{Error, Result};
+
+/// How to pick and open a GPU.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Pick the first adapter whose name contains this text (case-insensitive).
+    /// [`GpuOptions::from_env`] fills it from `FLINT_ADAPTER`.
+    pub adapter_name: Option<String>,
+    /// Do not request optional features (subgroups, shader-f16, timestamps) even where the
+    /// adapter has them: exercises the portable paths.
+    pub portable_only: bool,
+}
+
+impl GpuOptions {
+    /// Options from the environment: `FLINT_ADAPTER` selects an adapter by name and
+    /// `FLINT_PORTABLE=1` turns off the optional features.
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        GpuOptions {
+            adapter_name: var("FLINT_ADAPTER"),
+            portable_only: var("FLINT_PORTABLE").is_some_and(|v| v != "0"),
+        }
+    }
+}
+
+/// Optional features the device was opened with. Every kernel has a path that needs none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuFeatures {
+    /// `subgroupAdd` and friends are available.
+    pub subgroups: bool,
+    /// The `f16` type is available in shaders.
+    pub shader_f16: bool,
+    /// Timestamp queries can be written at pass boundaries.
+    pub timestamps: bool,
+}
+
+/// One opened GPU device, shared (behind `Arc`) by everything that records work on it.
+pub struct GpuContext {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    adapter_info: wgpu::AdapterInfo,
+    features: GpuFeatures,
+    limits: wgpu::Limits,
+    pub(crate) pipelines: PipelineCache,
+    /// The first error wgpu reported since the last [`GpuContext::check_errors`]: wgpu reports
+    /// validation errors through a callback, and we return them as values at the next sync point.
+    captured_error: Arc<Mutex<Option<String>>>,
+}
+
+const NO_ADAPTER_HELP: &str = "no GPU adapter found. flint needs a GPU with Vulkan, Metal, DX12 or \
+    WebGPU. On Linux without a GPU, install Mesa's software Vulkan driver lavapipe \
+    (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers`)";
+
+impl GpuContext {
+    /// Opens the best adapter: the one named by `options.adapter_name` if given, else a discrete
+    /// GPU, else an integrated one, else any (such as lavapipe). Requests the adapter's own limits
+    /// and the optional features it has.
+    pub async fn new(options: &GpuOptions) -> Result<Arc<Self>> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pick_adapter(&instance, options).await?;
+        let info = adapter.get_info();
+        let available = adapter.features();
+        let mut wanted = wgpu::Features::empty();
+        if !options.portable_only {
+            wanted |= wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
+        }
+        let required_features = available & wanted;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("flint"),
+                required_features,
+                // The defaults cap storage bindings at 128 MiB and buffers at 256 MiB: ask for all
+                // the adapter has, since model weights are large.
+                required_limits: adapter.limits(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::DeviceRequest { adapter: info.name.clone(), reason: e.to_string() })?;
+        let captured_error = Arc::new(Mutex::new(None));
+        let sink = Arc::clone(&captured_error);
+        device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+            if let Ok(mut slot) = sink.lock() {
+                slot.get_or_insert_with(|| error.to_string());
+            }
+        }));
+        let limits = device.limits();
+        Ok(Arc::new(GpuContext {
+            features: GpuFeatures {
+                subgroups: required_features.contains(wgpu::Features::SUBGROUP),
+                shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
+                timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            },
+            device,
+            queue,
+            adapter_info: info,
+            limits,
+            pipelines: PipelineCache::default(),
+            captured_error,
+        }))
+    }
+
+    /// The wgpu device.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The device's queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// Name, backend, device type and driver of the adapter.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.adapter_info
+    }
+
+    /// The optional features this device was opened with.
+    pub fn features(&self) -> GpuFeatures {
+        self.features
+    }
+
+    /// The device's real limits (the adapter's, not wgpu's defaults).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    /// The largest byte size one storage binding may have on this device.
+    pub fn max_binding_bytes(&self) -> u64 {
+        u64::from(self.limits.max_storage_buffer_binding_size).min(self.limits.max_buffer_size)
+    }
+
+    /// Returns the first GPU error reported since the last call, if any.
+    pub fn check_errors(&self) -> Result<()> {
+        let error = self.captured_error.lock().ok().and_then(|mut slot| slot.take());
+        match error {
+            Some(message) => Err(Error::Gpu(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// A new command encoder.
+    pub fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+    }
+
+    /// Submits recorded work, then reports any error wgpu raised while recording it.
+    pub fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.queue.submit([encoder.finish()]);
+        self.check_errors()
+    }
+
+    /// Copies `size` bytes of `buffer` from `offset` back to the CPU.
+    ///
+    /// Natively this waits on the device (the host runs the engine on its own thread); on the web
+    /// it awaits the `mapAsync` callback and never blocks.
+    pub async fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("flint readback"),
+            size: size.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.encoder("flint readback");
+        encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, staging.size());
+        self.submit(encoder)?;
+
+        let (sender, receiver) = futures::channel::oneshot::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |result| {
+            let _ = sender.send(result);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Readback(e.to_string()))?;
+        receiver
+            .await
+            .map_err(|_| Error::Readback("the device was lost before the copy finished".into()))?
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        self.check_errors()?;
+        let view = staging.slice(..).get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
+        let mut bytes = view.to_vec();
+        bytes.truncate(size as usize);
+        Ok(bytes)
+    }
+}
+
+async fn pick_adapter(instance: &wgpu::Instance, options: &GpuOptions) -> Result<wgpu::Adapter> {
+    let adapters = instance.enumerate_adapters(wgpu::Backends::PRIMARY).await;
+    if let Some(wanted) = &options.adapter_name {
+        let wanted_lower = wanted.to_lowercase();
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        return adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&wanted_lower))
+            .ok_or_else(|| {
+                Error::NoAdapter(format!(
+                    "no GPU adapter's name contains '{wanted}' (FLINT_ADAPTER); adapters found: {}",
+                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                ))
+            });
+    }
+    // On the web enumerate_adapters returns nothing: ask for the browser's adapter instead.
+    if adapters.is_empty() {
+        return instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|_| Error::NoAdapter(NO_ADAPTER_HELP.into()));
+    }
+    let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    adapters.into_iter().min_by_key(rank).ok_or_else(|| Error::NoAdapter(NO_ADAPTER_HELP.into()))
+}

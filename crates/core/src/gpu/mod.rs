@@ -1,0 +1,12 @@
+//! The GPU runtime: one [`GpuContext`] per device, with its buffers and compiled pipelines.
+//!
+//! Kernels never see requests and the engine never sees WGSL: launchers in
+//! [`crate::kernels`] take a context, [`Tensor`]s and a command encoder, and record dispatches.
+
+mod context;
+mod pipeline;
+mod tensor;
+
+pub use context::{GpuContext, GpuFeatures, GpuOptions};
+pub use pipeline::{KernelSource, preprocess};
+pub use tensor::Tensor;

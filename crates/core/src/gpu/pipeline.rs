@@ -1,0 +1,211 @@
+//! Kernel sources, the small define pass that makes their variants, and the pipeline cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::gpu::GpuContext;
+use crate::{Error, Result};
+
+/// The WGSL of one kernel variant.
+///
+/// The source is `parts` concatenated in order (shared block decoders first, then the kernel
+/// family's file), with `#if NAME` / `#else` / `#endif` lines resolved against `defines`
+/// (see [`preprocess`]) and every define prepended as `const NAME = VALUE;`. The pipeline cache
+/// keys on the entry point, the parts and the defines, so each variant compiles once.
+#[derive(Clone, Debug)]
+pub struct KernelSource {
+    /// Entry point, also the label of the pipeline.
+    pub entry: &'static str,
+    /// Source files, concatenated in order.
+    pub parts: Vec<&'static str>,
+    /// `(NAME, VALUE)` pairs: each becomes `const NAME = VALUE;` and enables `#if NAME`
+    /// unless VALUE is `false` or `0`.
+    pub defines: Vec<(&'static str, String)>,
+}
+
+impl KernelSource {
+    /// A kernel from its entry point and source parts, with no defines yet.
+    pub fn new(entry: &'static str, parts: &[&'static str]) -> Self {
+        KernelSource { entry, parts: parts.to_vec(), defines: Vec::new() }
+    }
+
+    /// Adds a define.
+    pub fn define(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.defines.push((name, value.to_string()));
+        self
+    }
+
+    /// The complete WGSL text of this variant.
+    pub fn wgsl(&self) -> String {
+        let mut out = String::new();
+        for (name, value) in &self.defines {
+            out.push_str(&format!("const {name} = {value};\n"));
+        }
+        let enabled = |name: &str| self.defines.iter().any(|(n, v)| *n == name && v != "false" && v != "0");
+        for part in &self.parts {
+            out.push_str(&preprocess(part, enabled));
+            out.push('\n');
+        }
+        out
+    }
+
+    fn key(&self) -> PipelineKey {
+        PipelineKey {
+            entry: self.entry,
+            // The parts are `include_str!` statics: their addresses identify them.
+            parts: self.parts.iter().map(|p| (p.as_ptr() as usize, p.len())).collect(),
+            defines: self.defines.clone(),
+        }
+    }
+}
+
+/// Resolves `#if NAME`, `#else` and `#endif` lines (nestable); lines inside a false branch are
+/// dropped. `#if !NAME` negates.
+pub fn preprocess(source: &str, enabled: impl Fn(&str) -> bool) -> String {
+    let mut out = String::with_capacity(source.len());
+    // One entry per open `#if`: (this branch is taken, some enclosing branch is not taken).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let active = |stack: &[(bool, bool)]| stack.last().is_none_or(|&(taken, outer_off)| taken && !outer_off);
+    for line in source.lines() {
+        let trimmed = line.trim_start();
+        if let Some(cond) = trimmed.strip_prefix("#if ") {
+            let cond = cond.trim();
+            let value = match cond.strip_prefix('!') {
+                Some(name) => !enabled(name.trim()),
+                None => enabled(cond),
+            };
+            let outer_off = !active(&stack);
+            stack.push((value, outer_off));
+        } else if trimmed.starts_with("#else") {
+            if let Some(top) = stack.last_mut() {
+                top.0 = !top.0;
+            }
+        } else if trimmed.starts_with("#endif") {
+            stack.pop();
+        } else if active(&stack) {
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            // Keep line numbers of naga's error messages equal to the source file's.
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    entry: &'static str,
+    parts: Vec<(usize, usize)>,
+    defines: Vec<(&'static str, String)>,
+}
+
+/// Compiled pipelines by variant: a kernel is compiled the first time it is used, never again.
+#[derive(Default)]
+pub(crate) struct PipelineCache {
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl GpuContext {
+    /// The compiled pipeline of `source`, compiled now if this is its first use.
+    pub fn pipeline(&self, source: &KernelSource) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = source.key();
+        let mut pipelines =
+            self.pipelines.pipelines.lock().map_err(|_| Error::Gpu("pipeline cache poisoned".into()))?;
+        if let Some(pipeline) = pipelines.get(&key) {
+            return Ok(Arc::clone(pipeline));
+        }
+        let module = self.device().create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(source.entry),
+            source: wgpu::ShaderSource::Wgsl(source.wgsl().into()),
+        });
+        let pipeline = self.device().create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(source.entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(source.entry),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
+        // A shader that does not compile is a bug in flint, reported here and not at submit.
+        self.check_errors().map_err(|e| Error::Gpu(format!("compiling kernel '{}': {e}", source.entry)))?;
+        let pipeline = Arc::new(pipeline);
+        pipelines.insert(key, Arc::clone(&pipeline));
+        Ok(pipeline)
+    }
+
+    /// Records one dispatch of `source` with `resources` bound in order to `@binding(0..)` of
+    /// `@group(0)`.
+    pub fn dispatch(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        source: &KernelSource,
+        resources: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        let pipeline = self.pipeline(source)?;
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = resources
+            .iter()
+            .enumerate()
+            .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource: resource.clone() })
+            .collect();
+        let bind_group = self.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(source.entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(source.entry),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        Ok(())
+    }
+
+    /// A uniform buffer holding `data` (a kernel's parameters).
+    pub fn uniform<T: bytemuck::Pod>(&self, data: &T) -> wgpu::Buffer {
+        use wgpu::util::DeviceExt;
+        self.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("flint params"),
+            contents: bytemuck::bytes_of(data),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+    }
+
+    /// Workgroup counts for `groups` workgroups in total, spread over x and y when `groups`
+    /// exceeds the per-dimension limit (65535 on most devices). Kernels recover the linear index
+    /// as `wg.x + wg.y * num_workgroups.x` and must ignore indices past the end.
+    pub fn grid(&self, groups: u32) -> [u32; 3] {
+        let max = self.limits().max_compute_workgroups_per_dimension.max(1);
+        if groups <= max { [groups.max(1), 1, 1] } else { [max, groups.div_ceil(max), 1] }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preprocess_resolves_nested_branches() {
+        let src = "a\n#if X\nb\n#if Y\nc\n#else\nd\n#endif\n#else\ne\n#endif\n#if !Y\nf\n#endif\ng";
+        let on = |set: &'static [&'static str]| move |n: &str| set.contains(&n);
+        let lines = |s: String| s.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>().join("");
+        assert_eq!(lines(preprocess(src, on(&["X", "Y"]))), "abcg");
+        assert_eq!(lines(preprocess(src, on(&["X"]))), "abdfg");
+        assert_eq!(lines(preprocess(src, on(&[]))), "aefg");
+        assert_eq!(lines(preprocess(src, on(&["Y"]))), "aeg");
+    }
+
+    #[test]
+    fn defines_become_consts_and_false_disables() {
+        let src = KernelSource::new("main", &["#if FAST\nfast\n#else\nslow\n#endif"])
+            .define("FAST", false)
+            .define("WG", 64);
+        let wgsl = src.wgsl();
+        assert!(wgsl.contains("const FAST = false;"));
+        assert!(wgsl.contains("const WG = 64;"));
+        assert!(wgsl.contains("slow") && !wgsl.contains("fast\n"));
+    }
+}

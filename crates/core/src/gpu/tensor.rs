@@ -1,0 +1,101 @@
+//! [`Tensor`]: an f32 or u32 array in a GPU storage buffer, with its shape.
+
+use crate::gpu::GpuContext;
+use crate::{Error, Result};
+
+/// A dense array of 4-byte elements (f32 activations, or u32 ids) in one storage buffer.
+/// Row-major; the last dimension is contiguous.
+pub struct Tensor {
+    buffer: wgpu::Buffer,
+    shape: Vec<usize>,
+}
+
+impl Tensor {
+    /// An uninitialised tensor (contents unspecified until a kernel writes it).
+    pub fn empty(ctx: &GpuContext, label: &str, shape: &[usize]) -> Result<Self> {
+        let elements: usize = shape.iter().product();
+        let bytes = (elements.max(1) * 4) as u64;
+        if bytes > ctx.max_binding_bytes() {
+            return Err(Error::TooLarge {
+                name: label.to_string(),
+                bytes,
+                reason: format!("one storage binding holds at most {} bytes", ctx.max_binding_bytes()),
+            });
+        }
+        let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Tensor { buffer, shape: shape.to_vec() })
+    }
+
+    /// A tensor holding `data` (f32, u32 or i32).
+    pub fn from_slice<T: bytemuck::Pod>(
+        ctx: &GpuContext,
+        label: &str,
+        shape: &[usize],
+        data: &[T],
+    ) -> Result<Self> {
+        const { assert!(size_of::<T>() == 4, "tensors hold 4-byte elements") };
+        let elements: usize = shape.iter().product();
+        if elements != data.len() {
+            return Err(Error::KernelArguments {
+                kernel: "Tensor::from_slice",
+                reason: format!("shape {shape:?} holds {elements} elements but {} were given", data.len()),
+            });
+        }
+        let tensor = Self::empty(ctx, label, shape)?;
+        if !data.is_empty() {
+            ctx.queue().write_buffer(&tensor.buffer, 0, bytemuck::cast_slice(data));
+        }
+        Ok(tensor)
+    }
+
+    /// Overwrites every element with the bit pattern `bits` (tests poison outputs with NaN so an
+    /// element that a kernel fails to write is caught).
+    pub fn fill_bits(&self, ctx: &GpuContext, bits: u32) {
+        let words = vec![bits; (self.buffer.size() / 4) as usize];
+        ctx.queue().write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
+    }
+
+    /// Reads the tensor back as f32.
+    pub async fn to_f32(&self, ctx: &GpuContext) -> Result<Vec<f32>> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read(ctx).await?))
+    }
+
+    /// Reads the tensor back as u32.
+    pub async fn to_u32(&self, ctx: &GpuContext) -> Result<Vec<u32>> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read(ctx).await?))
+    }
+
+    async fn read(&self, ctx: &GpuContext) -> Result<Vec<u8>> {
+        ctx.read_bytes(&self.buffer, 0, (self.len() * 4) as u64).await
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The storage buffer.
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// The whole buffer as a binding.
+    pub fn binding(&self) -> wgpu::BindingResource<'_> {
+        self.buffer.as_entire_binding()
+    }
+}

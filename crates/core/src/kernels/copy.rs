@@ -1,0 +1,123 @@
+//! Bandwidth probes: a vec4 copy and a read-only vec4 reduction (`shaders/copy.wgsl`).
+
+use crate::Result;
+use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::kernels::ensure;
+
+const SOURCE: &str = include_str!("../../../../shaders/copy.wgsl");
+const WG_SIZE: u32 = 256;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    count: u32,
+    _pad: [u32; 3],
+}
+
+fn source(entry: &'static str) -> KernelSource {
+    KernelSource::new(entry, &[SOURCE]).define("WG_SIZE", format!("{WG_SIZE}u"))
+}
+
+/// Records `dst = src`; both hold a multiple of 4 elements and the same length.
+pub fn copy(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, src: &Tensor, dst: &Tensor) -> Result<()> {
+    ensure("copy_vec4", src.len() == dst.len() && src.len() % 4 == 0, || {
+        format!(
+            "src has {} elements and dst {}; both must be equal and a multiple of 4",
+            src.len(),
+            dst.len()
+        )
+    })?;
+    let count = (src.len() / 4) as u32;
+    let params = ctx.uniform(&Params { count, _pad: [0; 3] });
+    let groups = ctx.grid(count.div_ceil(WG_SIZE));
+    ctx.dispatch(
+        encoder,
+        &source("copy_vec4"),
+        &[src.binding(), dst.binding(), params.as_entire_binding()],
+        groups,
+    )
+}
+
+/// Records a read of all of `src` (a multiple of 4 elements) by `groups` workgroups, each
+/// invocation writing one word of `sink` (which needs `groups * 256` elements).
+pub fn read(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    src: &Tensor,
+    sink: &Tensor,
+    groups: u32,
+) -> Result<()> {
+    ensure("read_vec4", src.len() % 4 == 0 && sink.len() >= (groups * WG_SIZE) as usize, || {
+        format!(
+            "src has {} elements (must be a multiple of 4), sink {} (needs {})",
+            src.len(),
+            sink.len(),
+            groups * WG_SIZE
+        )
+    })?;
+    let params = ctx.uniform(&Params { count: (src.len() / 4) as u32, _pad: [0; 3] });
+    ctx.dispatch(
+        encoder,
+        &source("read_vec4"),
+        &[src.binding(), sink.binding(), params.as_entire_binding()],
+        ctx.grid(groups),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::{POISON, Rng, gpu};
+
+    #[test]
+    fn copy_moves_every_word() {
+        let ctx = gpu();
+        let mut rng = Rng::new("copy");
+        for vec4s in [1usize, 255, 257, 70_001] {
+            let data: Vec<u32> = (0..vec4s * 4).map(|_| rng.u32()).collect();
+            let src = Tensor::from_slice(ctx, "src", &[data.len()], &data).unwrap();
+            let dst = Tensor::empty(ctx, "dst", &[data.len()]).unwrap();
+            dst.fill_bits(ctx, POISON);
+            let mut encoder = ctx.encoder("test");
+            copy(ctx, &mut encoder, &src, &dst).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(dst.to_u32(ctx)).unwrap();
+            assert_eq!(got, data, "copy of {vec4s} vec4s");
+        }
+    }
+
+    #[test]
+    fn read_reduces_every_word() {
+        let ctx = gpu();
+        let mut rng = Rng::new("read");
+        let groups = 3u32;
+        let data: Vec<u32> = (0..4 * 5003).map(|_| rng.u32()).collect();
+        let src = Tensor::from_slice(ctx, "src", &[data.len()], &data).unwrap();
+        let sink = Tensor::empty(ctx, "sink", &[(groups * WG_SIZE) as usize]).unwrap();
+        sink.fill_bits(ctx, 0);
+        let mut encoder = ctx.encoder("test");
+        read(ctx, &mut encoder, &src, &sink, groups).unwrap();
+        ctx.submit(encoder).unwrap();
+        let got = pollster::block_on(sink.to_u32(ctx)).unwrap();
+        // Invocation t xors vec4s t, t + stride, ...; the whole sink xors to the xor of all words.
+        let stride = (groups * WG_SIZE) as usize;
+        let expected: Vec<u32> = (0..stride)
+            .map(|t| {
+                (t..data.len() / 4)
+                    .step_by(stride)
+                    .fold(0, |acc, i| acc ^ data[4 * i] ^ data[4 * i + 1] ^ data[4 * i + 2] ^ data[4 * i + 3])
+            })
+            .collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn mismatched_lengths_are_an_error() {
+        let ctx = gpu();
+        let a = Tensor::empty(ctx, "a", &[8]).unwrap();
+        let b = Tensor::empty(ctx, "b", &[12]).unwrap();
+        let mut encoder = ctx.encoder("test");
+        let err = copy(ctx, &mut encoder, &a, &b).unwrap_err();
+        assert!(err.to_string().contains("copy_vec4"), "{err}");
+    }
+}

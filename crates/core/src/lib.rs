@@ -1,0 +1,16 @@
+//! flint-core: the engine.
+//!
+//! No threads and no blocking calls of its own, so it compiles to `wasm32-unknown-unknown`.
+//! The layers, bottom up:
+//! - [`gguf`]: the GGUF file reader (metadata, tensor infos, tensor bytes).
+//! - [`quant`]: the GGML quantization formats and their CPU dequantization.
+//! - [`gpu`]: the wgpu device context, buffers and the compiled-pipeline cache.
+//! - [`kernels`]: the WGSL kernel library (in `shaders/`) and the Rust launchers that record them.
+
+pub mod error;
+pub mod gguf;
+pub mod gpu;
+pub mod kernels;
+pub mod quant;
+
+pub use error::{Error, Result};
