@@ -29,7 +29,7 @@ impl GpuOptions {
 }
 
 /// Optional features the device was opened with. Every kernel has a path that needs none.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GpuFeatures {
     /// `subgroupAdd` and friends are available.
     pub subgroups: bool,
@@ -37,6 +37,31 @@ pub struct GpuFeatures {
     pub shader_f16: bool,
     /// Timestamp queries can be written at pass boundaries.
     pub timestamps: bool,
+}
+
+/// What a device is and what it can do, for `flint gpu`, logs and bug reports.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceDescription {
+    /// Adapter name, e.g. "llvmpipe (LLVM 15.0.6, 256 bits)".
+    pub adapter: String,
+    /// Backend: Vulkan, Metal, Dx12 or BrowserWebGpu.
+    pub backend: String,
+    /// Discrete, integrated, virtual, CPU or other.
+    pub device_type: String,
+    /// Driver name and version.
+    pub driver: String,
+    /// The optional features the device was opened with.
+    pub features: GpuFeatures,
+    /// Largest storage binding, in bytes.
+    pub max_storage_binding_bytes: u64,
+    /// Largest buffer, in bytes.
+    pub max_buffer_bytes: u64,
+    /// Workgroup memory, in bytes.
+    pub max_workgroup_storage_bytes: u32,
+    /// Invocations per workgroup.
+    pub max_invocations_per_workgroup: u32,
+    /// Workgroups per dispatch dimension.
+    pub max_workgroups_per_dimension: u32,
 }
 
 /// One opened GPU device, shared (behind `Arc`) by everything that records work on it.
@@ -131,9 +156,26 @@ impl GpuContext {
         &self.limits
     }
 
+    /// What this device is and what it can do.
+    pub fn describe(&self) -> DeviceDescription {
+        let info = &self.adapter_info;
+        DeviceDescription {
+            adapter: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            features: self.features,
+            max_storage_binding_bytes: self.limits.max_storage_buffer_binding_size,
+            max_buffer_bytes: self.limits.max_buffer_size,
+            max_workgroup_storage_bytes: self.limits.max_compute_workgroup_storage_size,
+            max_invocations_per_workgroup: self.limits.max_compute_invocations_per_workgroup,
+            max_workgroups_per_dimension: self.limits.max_compute_workgroups_per_dimension,
+        }
+    }
+
     /// The largest byte size one storage binding may have on this device.
     pub fn max_binding_bytes(&self) -> u64 {
-        u64::from(self.limits.max_storage_buffer_binding_size).min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
     /// Returns the first GPU error reported since the last call, if any.

@@ -6,7 +6,9 @@
 mod context;
 mod pipeline;
 mod tensor;
+mod weight;
 
-pub use context::{GpuContext, GpuFeatures, GpuOptions};
+pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions};
 pub use pipeline::{KernelSource, preprocess};
 pub use tensor::Tensor;
+pub use weight::QuantMatrix;

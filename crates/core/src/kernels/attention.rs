@@ -1,1 +1,969 @@
-//! (being written)
+//! Attention over a paged KV cache (`shaders/attention*.wgsl`, `shaders/kv_store.wgsl`): storing
+//! the keys and values of new tokens, decode attention (one query row per sequence) and causal
+//! prefill attention (many rows, several sequences, chunks after cached tokens).
+//!
+//! The cache of one layer ([`KvCacheLayer`]) is two f32 tensors K and V, each
+//! `[num_blocks, block_size, n_kv_heads, head_dim]`. A sequence owns blocks listed in order in its
+//! row of a block table (u32 `[n_seqs, max_blocks_per_seq]`): its token at position `j` lives in
+//! slot `table[j / block_size] * block_size + j % block_size`. A step first writes the new tokens'
+//! K and V with [`store_kv`], then runs [`decode`] or [`prefill`], which read every key, cached or
+//! new, from the cache. Query head `h` reads kv head `h / (n_heads / n_kv_heads)` (grouped-query
+//! attention). The softmax is computed online (running maximum and sum), so the context length
+//! is limited only by the block table, not by workgroup memory.
+//!
+//! ```no_run
+//! # async fn step() -> flint_core::Result<()> {
+//! use flint_core::gpu::{GpuContext, GpuOptions, Tensor};
+//! use flint_core::kernels::attention::{self, AttentionOptions, DecodeBatch, KvCacheLayer};
+//!
+//! let ctx = GpuContext::new(&GpuOptions::default()).await?;
+//! // 4 blocks of 16 tokens, 2 kv heads of 64; one sequence of 3 tokens in blocks 2 and 0.
+//! let (k, v) = (Tensor::empty(&ctx, "k", &[4, 16, 2, 64])?, Tensor::empty(&ctx, "v", &[4, 16, 2, 64])?);
+//! let cache = KvCacheLayer { k: &k, v: &v };
+//! let block_table = Tensor::from_slice(&ctx, "table", &[1, 2], &[2u32, 0])?;
+//! let k_new = Tensor::from_slice(&ctx, "k_new", &[1, 128], &[0.5f32; 128])?;
+//! let v_new = Tensor::from_slice(&ctx, "v_new", &[1, 128], &[1.0f32; 128])?;
+//! let slots = Tensor::from_slice(&ctx, "slots", &[1], &[2u32 * 16 + 2])?; // position 2
+//! let context_lens = Tensor::from_slice(&ctx, "lens", &[1], &[3u32])?;
+//! let q = Tensor::from_slice(&ctx, "q", &[1, 8, 64], &[0.1f32; 512])?; // 8 query heads
+//! let out = Tensor::empty(&ctx, "out", &[1, 8, 64])?;
+//!
+//! let mut encoder = ctx.encoder("decode step");
+//! attention::store_kv(&ctx, &mut encoder, &cache, &k_new, &v_new, &slots)?;
+//! let batch = DecodeBatch { context_lens: &context_lens, block_table: &block_table };
+//! attention::decode(&ctx, &mut encoder, &q, &cache, &batch, &AttentionOptions::new(64), &out)?;
+//! ctx.submit(encoder)?;
+//! # Ok(()) }
+//! ```
+
+use crate::Result;
+use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::kernels::ensure;
+
+const COMMON: &str = include_str!("../../../../shaders/attention.wgsl");
+const DECODE: &str = include_str!("../../../../shaders/attention_decode.wgsl");
+const PREFILL: &str = include_str!("../../../../shaders/attention_prefill.wgsl");
+const KV_STORE: &str = include_str!("../../../../shaders/kv_store.wgsl");
+
+/// The largest head size the kernels take: decode spreads a head over its 64 invocations, one
+/// vec4 each, and prefill's K/V tiles must fit 16 KiB of workgroup memory.
+pub const MAX_HEAD_DIM: usize = 256;
+
+const KV_STORE_WG: u32 = 256;
+const DECODE_WG: u32 = 64;
+/// Decode: the most query heads of one kv head that a workgroup serves, reading each key and
+/// value once for all of them; bounded by their queries' and scores' workgroup memory.
+const DECODE_MAX_GROUP_HEADS: usize = 8;
+/// Prefill: query rows per workgroup and invocations per row (which split the head's vec4s).
+const PREFILL_ROWS: u32 = 16;
+const PREFILL_LANES: u32 = 4;
+/// WebGPU's default (and minimum) workgroup memory, which every kernel stays within.
+const WORKGROUP_BYTES: usize = 16384;
+
+/// One layer's paged KV cache: K and V, each an f32 tensor
+/// `[num_blocks, block_size, n_kv_heads, head_dim]` in one storage binding, so each is at most
+/// [`GpuContext::max_binding_bytes`] (128 MiB on lavapipe).
+#[derive(Clone, Copy)]
+pub struct KvCacheLayer<'a> {
+    /// Keys.
+    pub k: &'a Tensor,
+    /// Values, the same shape as the keys.
+    pub v: &'a Tensor,
+}
+
+/// How scores are formed and masked, shared by [`decode`] and [`prefill`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionOptions {
+    /// Multiplies `q · k` (usually `1 / sqrt(head_dim)`); finite.
+    pub scale: f32,
+    /// Sliding window `W` in tokens: the key at position `j` is visible from query position `p`
+    /// iff `j <= p` and `p - j < W` (llama.cpp's rule). `None` sees every earlier key.
+    pub sliding_window: Option<u32>,
+    /// Logit soft-cap `c`: `logit = c * tanh(logit / c)`, applied after the scale and before the
+    /// mask and softmax (Gemma 2). `None` leaves logits as they are; `c` is finite and positive.
+    pub softcap: Option<f32>,
+}
+
+impl AttentionOptions {
+    /// Plain causal attention with scale `1 / sqrt(head_dim)`.
+    pub fn new(head_dim: usize) -> Self {
+        AttentionOptions { scale: 1.0 / (head_dim as f32).sqrt(), sliding_window: None, softcap: None }
+    }
+}
+
+/// The sequences of a decode step: one query row per sequence, at its last position.
+#[derive(Clone, Copy)]
+pub struct DecodeBatch<'a> {
+    /// u32 `[n_seqs]`: keys in the cache, the query's own included. The query at position
+    /// `context_len - 1` attends to keys `0 .. context_len`. A context of 0 yields a zero row; one
+    /// longer than the block table row can address is clamped to it.
+    pub context_lens: &'a Tensor,
+    /// u32 `[n_seqs, max_blocks_per_seq]`: block ids (below `num_blocks`) in position order.
+    pub block_table: &'a Tensor,
+}
+
+/// The query tokens of a prefill step: prompts or chunks of prompts of one or several sequences,
+/// whose own K and V are already in the cache.
+#[derive(Clone, Copy)]
+pub struct PrefillBatch<'a> {
+    /// u32 `[n_tokens]`: each token's row of the block table. A value past the table's rows (e.g.
+    /// `u32::MAX` for padding) sees no keys and yields a zero row.
+    pub seq_ids: &'a Tensor,
+    /// u32 `[n_tokens]`: each token's position `p` in its sequence; it attends to keys `0 ..= p`
+    /// (positions past the block table row's capacity are clamped to it). Tokens may come in any
+    /// order; grouped by sequence with increasing positions is fastest.
+    pub positions: &'a Tensor,
+    /// u32 `[n_seqs, max_blocks_per_seq]`: block ids (below `num_blocks`) in position order.
+    pub block_table: &'a Tensor,
+}
+
+/// Uniform parameters of both attention kernels (`AttentionParams` in `attention.wgsl`).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AttentionParams {
+    n_rows: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    n_seqs: u32,
+    block_size: u32,
+    max_blocks_per_seq: u32,
+    window: u32,
+    scale: f32,
+    softcap: f32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct KvStoreParams {
+    row_vec4s: u32,
+    n_tokens: u32,
+    n_slots: u32,
+    _pad: u32,
+}
+
+/// The dimensions of a [`KvCacheLayer`], checked.
+#[derive(Clone, Copy, Debug)]
+struct CacheGeometry {
+    num_blocks: usize,
+    block_size: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl CacheGeometry {
+    fn of(kernel: &'static str, cache: &KvCacheLayer<'_>) -> Result<Self> {
+        let shape = cache.k.shape();
+        ensure(kernel, shape.len() == 4 && cache.v.shape() == shape, || {
+            format!(
+                "K {:?} and V {:?} must both be [num_blocks, block_size, n_kv_heads, head_dim]",
+                shape,
+                cache.v.shape()
+            )
+        })?;
+        let geometry = CacheGeometry {
+            num_blocks: shape[0],
+            block_size: shape[1],
+            n_kv_heads: shape[2],
+            head_dim: shape[3],
+        };
+        ensure(
+            kernel,
+            geometry.num_blocks > 0 && geometry.block_size > 0 && geometry.n_kv_heads > 0,
+            || format!("KV cache {shape:?} has an empty dimension"),
+        )?;
+        ensure(
+            kernel,
+            geometry.head_dim.is_multiple_of(4) && (4..=MAX_HEAD_DIM).contains(&geometry.head_dim),
+            || format!("head_dim {} must be a multiple of 4 from 4 to {MAX_HEAD_DIM}", geometry.head_dim),
+        )?;
+        Ok(geometry)
+    }
+
+    fn slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+}
+
+/// Records the write of new tokens' keys and values into the cache: row `t` of `k_new` and
+/// `v_new` (f32 `[n_tokens, n_kv_heads * head_dim]`) goes to slot `slots[t]` (u32 `[n_tokens]`,
+/// `block * block_size + offset`). A slot past the cache (e.g. `u32::MAX` for padding) is skipped.
+/// Two tokens with the same slot leave an unspecified mix of their rows there.
+pub fn store_kv(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    cache: &KvCacheLayer<'_>,
+    k_new: &Tensor,
+    v_new: &Tensor,
+    slots: &Tensor,
+) -> Result<()> {
+    const KERNEL: &str = "kv_store";
+    let geometry = CacheGeometry::of(KERNEL, cache)?;
+    let row = geometry.n_kv_heads * geometry.head_dim;
+    let n_tokens = slots.len();
+    ensure(KERNEL, k_new.len() == n_tokens * row && v_new.len() == n_tokens * row, || {
+        format!(
+            "k_new has {} and v_new {} elements; {n_tokens} slots of n_kv_heads * head_dim = {row} need {}",
+            k_new.len(),
+            v_new.len(),
+            n_tokens * row
+        )
+    })?;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let row_vec4s = (row / 4) as u32;
+    let params = ctx.uniform(&KvStoreParams {
+        row_vec4s,
+        n_tokens: n_tokens as u32,
+        n_slots: geometry.slots() as u32,
+        _pad: 0,
+    });
+    let source = KernelSource::new(KERNEL, &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u"));
+    ctx.dispatch(
+        encoder,
+        &source,
+        &[
+            params.as_entire_binding(),
+            k_new.binding(),
+            v_new.binding(),
+            slots.binding(),
+            cache.k.binding(),
+            cache.v.binding(),
+        ],
+        ctx.grid((n_tokens as u32 * row_vec4s).div_ceil(KV_STORE_WG)),
+    )
+}
+
+/// Records decode attention: for each sequence `s` and query head `h`, row `q[s, h]` (f32
+/// `[n_seqs, n_heads, head_dim]`, or `[n_seqs, n_heads * head_dim]`) attends to the sequence's
+/// first `context_lens[s]` keys and the result goes to `out[s, h]` (same shape as `q`).
+pub fn decode(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &Tensor,
+    cache: &KvCacheLayer<'_>,
+    batch: &DecodeBatch<'_>,
+    options: &AttentionOptions,
+    out: &Tensor,
+) -> Result<()> {
+    const KERNEL: &str = "attention_decode";
+    let geometry = CacheGeometry::of(KERNEL, cache)?;
+    let n_seqs = batch.context_lens.len();
+    let n_heads = query_heads(KERNEL, q, out, n_seqs, &geometry)?;
+    let max_blocks = block_table_width(KERNEL, batch.block_table)?;
+    ensure(KERNEL, batch.block_table.shape()[0] == n_seqs, || {
+        format!("the block table has {} rows for {n_seqs} sequences", batch.block_table.shape()[0])
+    })?;
+    let params = attention_params(KERNEL, options, &geometry, n_seqs, n_heads, n_seqs, max_blocks)?;
+    if n_seqs == 0 {
+        return Ok(());
+    }
+    let params = ctx.uniform(&params);
+    let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
+    let workgroups = n_seqs * n_heads / group_heads;
+    ctx.dispatch(
+        encoder,
+        &decode_source(geometry.head_dim, group_heads),
+        &[
+            params.as_entire_binding(),
+            q.binding(),
+            cache.k.binding(),
+            cache.v.binding(),
+            batch.context_lens.binding(),
+            batch.block_table.binding(),
+            out.binding(),
+        ],
+        ctx.grid(workgroups as u32),
+    )
+}
+
+/// Records causal prefill attention: for each token `t` and query head `h`, row `q[t, h]` (f32
+/// `[n_tokens, n_heads, head_dim]`, or `[n_tokens, n_heads * head_dim]`) attends to the keys at
+/// positions `0 ..= positions[t]` of sequence `seq_ids[t]` and the result goes to `out[t, h]`
+/// (same shape as `q`).
+pub fn prefill(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &Tensor,
+    cache: &KvCacheLayer<'_>,
+    batch: &PrefillBatch<'_>,
+    options: &AttentionOptions,
+    out: &Tensor,
+) -> Result<()> {
+    const KERNEL: &str = "attention_prefill";
+    let geometry = CacheGeometry::of(KERNEL, cache)?;
+    let n_tokens = batch.seq_ids.len();
+    ensure(KERNEL, batch.positions.len() == n_tokens, || {
+        format!("{} positions for {n_tokens} seq_ids", batch.positions.len())
+    })?;
+    let n_heads = query_heads(KERNEL, q, out, n_tokens, &geometry)?;
+    let max_blocks = block_table_width(KERNEL, batch.block_table)?;
+    let n_seqs = batch.block_table.shape()[0];
+    let params = attention_params(KERNEL, options, &geometry, n_tokens, n_heads, n_seqs, max_blocks)?;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let params = ctx.uniform(&params);
+    let tiles = (n_tokens as u32).div_ceil(PREFILL_ROWS);
+    ctx.dispatch(
+        encoder,
+        &prefill_source(geometry.head_dim),
+        &[
+            params.as_entire_binding(),
+            q.binding(),
+            cache.k.binding(),
+            cache.v.binding(),
+            batch.seq_ids.binding(),
+            batch.positions.binding(),
+            batch.block_table.binding(),
+            out.binding(),
+        ],
+        ctx.grid(tiles * n_heads as u32),
+    )
+}
+
+/// Checks `q` and `out` against `rows` query rows and the cache's heads; returns n_heads.
+fn query_heads(
+    kernel: &'static str,
+    q: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    geometry: &CacheGeometry,
+) -> Result<usize> {
+    let row_heads = rows * geometry.head_dim;
+    let n_heads = q.len().checked_div(row_heads).unwrap_or(0);
+    ensure(
+        kernel,
+        q.shape().first() == Some(&rows) && q.len() == n_heads * row_heads && out.shape() == q.shape(),
+        || {
+            format!(
+                "q {:?} and out {:?} must be the same [{rows}, n_heads, head_dim = {}] (or [{rows}, n_heads * \
+                 head_dim]) for {rows} query rows",
+                q.shape(),
+                out.shape(),
+                geometry.head_dim
+            )
+        },
+    )?;
+    ensure(kernel, rows == 0 || (n_heads > 0 && n_heads.is_multiple_of(geometry.n_kv_heads)), || {
+        format!("{n_heads} query heads are not a positive multiple of {} kv heads", geometry.n_kv_heads)
+    })?;
+    Ok(n_heads)
+}
+
+/// Checks that a block table is `[n_seqs, max_blocks_per_seq]` with a non-zero width; returns it.
+fn block_table_width(kernel: &'static str, block_table: &Tensor) -> Result<usize> {
+    let shape = block_table.shape();
+    ensure(kernel, shape.len() == 2 && shape[1] > 0, || {
+        format!("the block table {shape:?} must be [n_seqs, max_blocks_per_seq > 0]")
+    })?;
+    Ok(shape[1])
+}
+
+fn attention_params(
+    kernel: &'static str,
+    options: &AttentionOptions,
+    geometry: &CacheGeometry,
+    n_rows: usize,
+    n_heads: usize,
+    n_seqs: usize,
+    max_blocks_per_seq: usize,
+) -> Result<AttentionParams> {
+    ensure(kernel, options.scale.is_finite(), || format!("scale {} must be finite", options.scale))?;
+    ensure(kernel, options.sliding_window != Some(0), || {
+        "a sliding window of 0 tokens hides every key; use None for no window".to_string()
+    })?;
+    ensure(kernel, options.softcap.is_none_or(|cap| cap.is_finite() && cap > 0.0), || {
+        format!("softcap {:?} must be finite and positive (None for no soft-cap)", options.softcap)
+    })?;
+    // Positions are u32 in the kernels: every key of a full table row must have one.
+    ensure(
+        kernel,
+        max_blocks_per_seq.checked_mul(geometry.block_size).is_some_and(|c| c <= u32::MAX as usize),
+        || {
+            format!(
+                "{max_blocks_per_seq} blocks of {} tokens per sequence overflow u32 positions",
+                geometry.block_size
+            )
+        },
+    )?;
+    Ok(AttentionParams {
+        n_rows: n_rows as u32,
+        n_heads: n_heads as u32,
+        n_kv_heads: geometry.n_kv_heads as u32,
+        n_seqs: n_seqs as u32,
+        block_size: geometry.block_size as u32,
+        max_blocks_per_seq: max_blocks_per_seq as u32,
+        window: options.sliding_window.unwrap_or(0),
+        scale: options.scale,
+        softcap: options.softcap.unwrap_or(0.0),
+        _pad: [0; 3],
+    })
+}
+
+/// Query heads per decode workgroup for `group` query heads per kv head: the largest divisor of
+/// `group` up to [`DECODE_MAX_GROUP_HEADS`], so that every workgroup serves a full chunk.
+fn decode_group_heads(group: usize) -> usize {
+    (1..=DECODE_MAX_GROUP_HEADS.min(group)).rev().find(|d| group.is_multiple_of(*d)).unwrap_or(1)
+}
+
+fn decode_source(head_dim: usize, group_heads: usize) -> KernelSource {
+    KernelSource::new("attention_decode", &[COMMON, DECODE])
+        .define("HEAD_DIM", format!("{head_dim}u"))
+        .define("WG", format!("{DECODE_WG}u"))
+        .define("GROUP_HEADS", format!("{group_heads}u"))
+}
+
+fn prefill_source(head_dim: usize) -> KernelSource {
+    KernelSource::new("attention_prefill", &[COMMON, PREFILL])
+        .define("HEAD_DIM", format!("{head_dim}u"))
+        .define("ROWS", format!("{PREFILL_ROWS}u"))
+        .define("LANES", format!("{PREFILL_LANES}u"))
+        .define("TILE_KEYS", format!("{}u", prefill_tile_keys(head_dim)))
+}
+
+/// Keys per K/V tile of the prefill kernel: as many as fit in 16 KiB of workgroup memory next to
+/// their partial dot products and the row bookkeeping, at most 16 (larger tiles waste more work
+/// on masked keys at the causal diagonal).
+fn prefill_tile_keys(head_dim: usize) -> u32 {
+    let invocations = (PREFILL_ROWS * PREFILL_LANES) as usize;
+    // row_seq, row_first_key and row_end_key, then run_info.
+    let bookkeeping_bytes = 3 * 4 * PREFILL_ROWS as usize + 16;
+    // One key of k_tile and v_tile, and of partial_dots.
+    let bytes_per_key = 2 * 4 * head_dim + 4 * invocations;
+    ((WORKGROUP_BYTES - bookkeeping_bytes) / bytes_per_key).min(16) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::{POISON, Rng, assert_close, gpu, validate_wgsl};
+
+    /// Bound on the relative error of f32 attention against the f64 reference: softmax weights and
+    /// weighted sums over a few hundred keys lose a few ulps each.
+    const ATTENTION_TOLERANCE: f32 = 3e-5;
+
+    /// A CPU image of one layer's paged cache, and the block table row of each sequence.
+    struct PagedCache {
+        num_blocks: usize,
+        block_size: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        /// `[n_seqs][max_blocks_per_seq]`; entries past a sequence's blocks name a spare block.
+        tables: Vec<Vec<u32>>,
+    }
+
+    impl PagedCache {
+        /// A cache with room for sequences of `capacities` tokens, each given its blocks from a
+        /// shuffled pool. Every slot starts as NaN, so a kernel reading a key it must not see
+        /// fails; the tables' unused entries point at a spare all-NaN block.
+        fn new(
+            rng: &mut Rng,
+            capacities: &[usize],
+            block_size: usize,
+            n_kv_heads: usize,
+            head_dim: usize,
+        ) -> Self {
+            let blocks_needed: Vec<usize> = capacities.iter().map(|c| c.div_ceil(block_size)).collect();
+            let num_blocks = blocks_needed.iter().sum::<usize>() + 2;
+            let mut pool: Vec<u32> = (0..num_blocks as u32).collect();
+            for i in (1..pool.len()).rev() {
+                pool.swap(i, rng.usize(0, i + 1));
+            }
+            let spare = pool.pop().unwrap();
+            let max_blocks = blocks_needed.iter().max().unwrap() + 1;
+            let tables = blocks_needed
+                .iter()
+                .map(|&n| {
+                    let mut row: Vec<u32> = (0..n).map(|_| pool.pop().unwrap()).collect();
+                    row.resize(max_blocks, spare);
+                    row
+                })
+                .collect();
+            let elements = num_blocks * block_size * n_kv_heads * head_dim;
+            let nan = f32::from_bits(POISON);
+            PagedCache {
+                num_blocks,
+                block_size,
+                n_kv_heads,
+                head_dim,
+                k: vec![nan; elements],
+                v: vec![nan; elements],
+                tables,
+            }
+        }
+
+        fn slot(&self, seq: usize, position: usize) -> usize {
+            self.tables[seq][position / self.block_size] as usize * self.block_size
+                + position % self.block_size
+        }
+
+        /// Random keys and values (each `[n_kv_heads * head_dim]`) for one token.
+        fn random_row(&self, rng: &mut Rng) -> (Vec<f32>, Vec<f32>) {
+            let row = self.n_kv_heads * self.head_dim;
+            (rng.f32s(row, -1.0, 1.0), rng.f32s(row, -1.0, 1.0))
+        }
+
+        fn write(&mut self, slot: usize, k: &[f32], v: &[f32]) {
+            let row = self.n_kv_heads * self.head_dim;
+            self.k[slot * row..(slot + 1) * row].copy_from_slice(k);
+            self.v[slot * row..(slot + 1) * row].copy_from_slice(v);
+        }
+
+        /// Fills positions `0 .. len` of sequence `seq` with random keys and values.
+        fn fill(&mut self, rng: &mut Rng, seq: usize, len: usize) {
+            for position in 0..len {
+                let (k, v) = self.random_row(rng);
+                self.write(self.slot(seq, position), &k, &v);
+            }
+        }
+
+        fn shape(&self) -> [usize; 4] {
+            [self.num_blocks, self.block_size, self.n_kv_heads, self.head_dim]
+        }
+
+        fn upload(&self, ctx: &GpuContext) -> (Tensor, Tensor) {
+            (
+                Tensor::from_slice(ctx, "k_cache", &self.shape(), &self.k).unwrap(),
+                Tensor::from_slice(ctx, "v_cache", &self.shape(), &self.v).unwrap(),
+            )
+        }
+
+        fn table_tensor(&self, ctx: &GpuContext) -> Tensor {
+            let flat: Vec<u32> = self.tables.concat();
+            Tensor::from_slice(ctx, "block_table", &[self.tables.len(), self.tables[0].len()], &flat).unwrap()
+        }
+
+        /// Paged attention in f64 for one query row `q` (`[head_dim]`) of sequence `seq` at
+        /// `position`, reading kv head `kv_head` through the block table.
+        fn attend(
+            &self,
+            q: &[f32],
+            seq: usize,
+            position: usize,
+            kv_head: usize,
+            options: &AttentionOptions,
+        ) -> Vec<f32> {
+            let first = match options.sliding_window {
+                Some(w) => (position + 1).saturating_sub(w as usize),
+                None => 0,
+            };
+            let at = |slot: usize| (slot * self.n_kv_heads + kv_head) * self.head_dim;
+            let logits: Vec<(usize, f64)> = (first..=position)
+                .map(|j| {
+                    let k = &self.k[at(self.slot(seq, j))..][..self.head_dim];
+                    let dot: f64 = q.iter().zip(k).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                    let logit = dot * f64::from(options.scale);
+                    let logit = match options.softcap {
+                        Some(cap) => f64::from(cap) * (logit / f64::from(cap)).tanh(),
+                        None => logit,
+                    };
+                    (self.slot(seq, j), logit)
+                })
+                .collect();
+            let max = logits.iter().map(|&(_, l)| l).fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = logits.iter().map(|&(_, l)| (l - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            let mut out = vec![0.0f64; self.head_dim];
+            for (&(slot, _), w) in logits.iter().zip(&weights) {
+                let v = &self.v[at(slot)..][..self.head_dim];
+                for (o, &x) in out.iter_mut().zip(v) {
+                    *o += w / sum * f64::from(x);
+                }
+            }
+            out.into_iter().map(|x| x as f32).collect()
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    struct Heads {
+        head_dim: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+    }
+
+    fn options(
+        rng: &mut Rng,
+        heads: Heads,
+        sliding_window: Option<u32>,
+        softcap: Option<f32>,
+    ) -> AttentionOptions {
+        // Scales away from 1/sqrt(head_dim) too, so that a kernel that ignores it fails.
+        let scale = rng.f32(0.5, 1.5) / (heads.head_dim as f32).sqrt();
+        AttentionOptions { scale, sliding_window, softcap }
+    }
+
+    /// Queries spread wider than the keys: logits then vary by several units, so the softmax is
+    /// far from uniform and the soft-cap (at 3 to 5) bends them.
+    fn random_queries(rng: &mut Rng, rows: usize, heads: Heads) -> Vec<f32> {
+        rng.f32s(rows * heads.n_heads * heads.head_dim, -6.0, 6.0)
+    }
+
+    fn check_decode(
+        name: &str,
+        heads: Heads,
+        block_size: usize,
+        context_lens: &[usize],
+        sliding_window: Option<u32>,
+        softcap: Option<f32>,
+    ) {
+        let ctx = gpu();
+        let mut rng = Rng::new(name);
+        let mut cache = PagedCache::new(&mut rng, context_lens, block_size, heads.n_kv_heads, heads.head_dim);
+        for (seq, &len) in context_lens.iter().enumerate() {
+            cache.fill(&mut rng, seq, len);
+        }
+        let options = options(&mut rng, heads, sliding_window, softcap);
+        let n_seqs = context_lens.len();
+        let q = random_queries(&mut rng, n_seqs, heads);
+
+        let (k, v) = cache.upload(ctx);
+        let lens: Vec<u32> = context_lens.iter().map(|&l| l as u32).collect();
+        let context_lens_gpu = Tensor::from_slice(ctx, "context_lens", &[n_seqs], &lens).unwrap();
+        let block_table = cache.table_tensor(ctx);
+        let shape = [n_seqs, heads.n_heads, heads.head_dim];
+        let q_gpu = Tensor::from_slice(ctx, "q", &shape, &q).unwrap();
+        let out = Tensor::empty(ctx, "out", &shape).unwrap();
+        out.fill_bits(ctx, POISON);
+        let mut encoder = ctx.encoder("test");
+        let batch = DecodeBatch { context_lens: &context_lens_gpu, block_table: &block_table };
+        decode(ctx, &mut encoder, &q_gpu, &KvCacheLayer { k: &k, v: &v }, &batch, &options, &out).unwrap();
+        ctx.submit(encoder).unwrap();
+        let got = pollster::block_on(out.to_f32(ctx)).unwrap();
+
+        let group = heads.n_heads / heads.n_kv_heads;
+        let mut expected = Vec::with_capacity(got.len());
+        for (seq, &len) in context_lens.iter().enumerate() {
+            for head in 0..heads.n_heads {
+                if len == 0 {
+                    expected.extend(std::iter::repeat_n(0.0, heads.head_dim));
+                } else {
+                    let row = &q[(seq * heads.n_heads + head) * heads.head_dim..][..heads.head_dim];
+                    expected.extend(cache.attend(row, seq, len - 1, head / group, &options));
+                }
+            }
+        }
+        assert_close(name, &got, &expected, ATTENTION_TOLERANCE);
+    }
+
+    #[test]
+    fn decode_one_key_one_sequence() {
+        check_decode(
+            "decode hd64 8/8",
+            Heads { head_dim: 64, n_heads: 8, n_kv_heads: 8 },
+            16,
+            &[1],
+            None,
+            None,
+        );
+    }
+
+    #[test]
+    fn decode_grouped_heads_several_lengths() {
+        let heads = Heads { head_dim: 128, n_heads: 9, n_kv_heads: 3 };
+        check_decode("decode hd128 9/3", heads, 16, &[5, 100, 333], None, None);
+    }
+
+    #[test]
+    fn decode_sliding_window() {
+        let heads = Heads { head_dim: 96, n_heads: 4, n_kv_heads: 1 };
+        check_decode("decode hd96 4/1 window", heads, 16, &[333, 17, 1], Some(40), None);
+    }
+
+    #[test]
+    fn decode_softcap_odd_block_size_and_empty_context() {
+        let heads = Heads { head_dim: 80, n_heads: 9, n_kv_heads: 3 };
+        check_decode("decode hd80 9/3 softcap", heads, 7, &[100, 0, 17], None, Some(3.0));
+    }
+
+    #[test]
+    fn decode_head_dim_256_window_and_softcap() {
+        let heads = Heads { head_dim: 256, n_heads: 4, n_kv_heads: 1 };
+        check_decode("decode hd256 4/1", heads, 16, &[17, 333], Some(100), Some(5.0));
+        let heads = Heads { head_dim: 256, n_heads: 8, n_kv_heads: 8 };
+        check_decode("decode hd256 8/8", heads, 32, &[65, 5], None, None);
+    }
+
+    #[test]
+    fn decode_more_grouped_heads_than_one_workgroup_serves() {
+        // 12 query heads per kv head: two workgroups of 6 heads each.
+        let heads = Heads { head_dim: 64, n_heads: 24, n_kv_heads: 2 };
+        check_decode("decode hd64 24/2", heads, 16, &[70, 3], Some(50), None);
+    }
+
+    #[test]
+    fn decode_group_heads_divide_the_group() {
+        let cases = [(1, 1), (3, 3), (8, 8), (9, 3), (12, 6), (16, 8), (48, 8), (11, 1)];
+        for (group, heads) in cases {
+            assert_eq!(decode_group_heads(group), heads, "group of {group}");
+        }
+    }
+
+    /// How the tokens of a prefill batch are laid out.
+    #[derive(Clone, Copy, PartialEq)]
+    enum TokenOrder {
+        /// Sequence by sequence, positions increasing: what the engine sends.
+        Grouped,
+        /// Shuffled, with padding tokens (seq id `u32::MAX`) mixed in.
+        ShuffledWithPadding,
+    }
+
+    /// Prefill of `chunks` (per sequence: tokens already cached, new tokens), whose new keys and
+    /// values are written with [`store_kv`] in the same command buffer, as a step does.
+    fn check_prefill(
+        name: &str,
+        heads: Heads,
+        block_size: usize,
+        chunks: &[(usize, usize)],
+        sliding_window: Option<u32>,
+        softcap: Option<f32>,
+        order: TokenOrder,
+    ) {
+        let ctx = gpu();
+        let mut rng = Rng::new(name);
+        let capacities: Vec<usize> = chunks.iter().map(|&(cached, new)| cached + new).collect();
+        let mut cache = PagedCache::new(&mut rng, &capacities, block_size, heads.n_kv_heads, heads.head_dim);
+        for (seq, &(cached, _)) in chunks.iter().enumerate() {
+            cache.fill(&mut rng, seq, cached);
+        }
+        let (k, v) = cache.upload(ctx);
+        let options = options(&mut rng, heads, sliding_window, softcap);
+
+        // (seq id, position) of each query token; the new tokens' K/V go into the CPU image only
+        // after the upload, so the GPU cache has them only if store_kv works.
+        let mut tokens: Vec<(u32, usize)> = chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(seq, &(cached, new))| (cached..cached + new).map(move |p| (seq as u32, p)))
+            .collect();
+        if order == TokenOrder::ShuffledWithPadding {
+            tokens.extend([(u32::MAX, 0), (u32::MAX, 3)]);
+            for i in (1..tokens.len()).rev() {
+                tokens.swap(i, rng.usize(0, i + 1));
+            }
+        }
+        let n_tokens = tokens.len();
+        let row = heads.n_kv_heads * heads.head_dim;
+        let (mut k_new, mut v_new, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for &(seq, position) in &tokens {
+            let (k_row, v_row) = cache.random_row(&mut rng);
+            let slot = if seq == u32::MAX {
+                u32::MAX
+            } else {
+                let slot = cache.slot(seq as usize, position);
+                cache.write(slot, &k_row, &v_row);
+                slot as u32
+            };
+            k_new.extend(k_row);
+            v_new.extend(v_row);
+            slots.push(slot);
+        }
+        let q = random_queries(&mut rng, n_tokens, heads);
+
+        let k_new_gpu = Tensor::from_slice(ctx, "k_new", &[n_tokens, row], &k_new).unwrap();
+        let v_new_gpu = Tensor::from_slice(ctx, "v_new", &[n_tokens, row], &v_new).unwrap();
+        let slots_gpu = Tensor::from_slice(ctx, "slots", &[n_tokens], &slots).unwrap();
+        let seq_ids: Vec<u32> = tokens.iter().map(|&(s, _)| s).collect();
+        let positions: Vec<u32> = tokens.iter().map(|&(_, p)| p as u32).collect();
+        let seq_ids_gpu = Tensor::from_slice(ctx, "seq_ids", &[n_tokens], &seq_ids).unwrap();
+        let positions_gpu = Tensor::from_slice(ctx, "positions", &[n_tokens], &positions).unwrap();
+        let block_table = cache.table_tensor(ctx);
+        // q as the projection writes it: [n_tokens, n_heads * head_dim].
+        let shape = [n_tokens, heads.n_heads * heads.head_dim];
+        let q_gpu = Tensor::from_slice(ctx, "q", &shape, &q).unwrap();
+        let out = Tensor::empty(ctx, "out", &shape).unwrap();
+        out.fill_bits(ctx, POISON);
+
+        let layer = KvCacheLayer { k: &k, v: &v };
+        let mut encoder = ctx.encoder("test");
+        store_kv(ctx, &mut encoder, &layer, &k_new_gpu, &v_new_gpu, &slots_gpu).unwrap();
+        let batch =
+            PrefillBatch { seq_ids: &seq_ids_gpu, positions: &positions_gpu, block_table: &block_table };
+        prefill(ctx, &mut encoder, &q_gpu, &layer, &batch, &options, &out).unwrap();
+        ctx.submit(encoder).unwrap();
+        let got = pollster::block_on(out.to_f32(ctx)).unwrap();
+
+        let group = heads.n_heads / heads.n_kv_heads;
+        let mut expected = Vec::with_capacity(got.len());
+        for (t, &(seq, position)) in tokens.iter().enumerate() {
+            for head in 0..heads.n_heads {
+                if seq == u32::MAX {
+                    expected.extend(std::iter::repeat_n(0.0, heads.head_dim));
+                } else {
+                    let row = &q[(t * heads.n_heads + head) * heads.head_dim..][..heads.head_dim];
+                    expected.extend(cache.attend(row, seq as usize, position, head / group, &options));
+                }
+            }
+        }
+        assert_close(name, &got, &expected, ATTENTION_TOLERANCE);
+    }
+
+    #[test]
+    fn prefill_single_token() {
+        let heads = Heads { head_dim: 64, n_heads: 8, n_kv_heads: 8 };
+        check_prefill("prefill hd64 8/8 one token", heads, 16, &[(0, 1)], None, None, TokenOrder::Grouped);
+    }
+
+    #[test]
+    fn prefill_several_whole_prompts() {
+        let heads = Heads { head_dim: 80, n_heads: 9, n_kv_heads: 3 };
+        let prompts = [(0, 5), (0, 17), (0, 40)];
+        check_prefill("prefill hd80 9/3 prompts", heads, 16, &prompts, None, None, TokenOrder::Grouped);
+    }
+
+    #[test]
+    fn prefill_chunks_after_cached_tokens_window_softcap() {
+        let heads = Heads { head_dim: 128, n_heads: 4, n_kv_heads: 1 };
+        let chunks = [(100, 33), (0, 7)];
+        check_prefill(
+            "prefill hd128 4/1 chunks",
+            heads,
+            16,
+            &chunks,
+            Some(50),
+            Some(3.0),
+            TokenOrder::Grouped,
+        );
+    }
+
+    #[test]
+    fn prefill_shuffled_tokens_with_padding() {
+        let heads = Heads { head_dim: 96, n_heads: 9, n_kv_heads: 3 };
+        let chunks = [(17, 20), (3, 1), (0, 30)];
+        let order = TokenOrder::ShuffledWithPadding;
+        check_prefill("prefill hd96 9/3 shuffled", heads, 5, &chunks, Some(16), None, order);
+    }
+
+    #[test]
+    fn prefill_head_dim_256_long_prompt() {
+        let heads = Heads { head_dim: 256, n_heads: 4, n_kv_heads: 1 };
+        check_prefill("prefill hd256 4/1", heads, 16, &[(0, 333)], None, Some(5.0), TokenOrder::Grouped);
+        let heads = Heads { head_dim: 256, n_heads: 8, n_kv_heads: 8 };
+        check_prefill(
+            "prefill hd256 8/8",
+            heads,
+            16,
+            &[(60, 21), (0, 2)],
+            Some(30),
+            None,
+            TokenOrder::Grouped,
+        );
+    }
+
+    #[test]
+    fn store_kv_writes_shuffled_slots_and_nothing_else() {
+        let ctx = gpu();
+        let mut rng = Rng::new("store_kv");
+        let (num_blocks, block_size, n_kv_heads, head_dim) = (5, 16, 3, 80);
+        let row = n_kv_heads * head_dim;
+        let n_slots = num_blocks * block_size;
+        let before_k = rng.f32s(n_slots * row, -1.0, 1.0);
+        let before_v = rng.f32s(n_slots * row, -1.0, 1.0);
+        // 37 distinct shuffled slots, then tokens past the cache that must not be stored: padding,
+        // the first slot past the end, and one whose element index wraps around u32 into the cache.
+        let mut order: Vec<u32> = (0..n_slots as u32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.usize(0, i + 1));
+        }
+        let mut slots = order[..37].to_vec();
+        let wrapping_slot = (1u64 << 32).div_ceil(row as u64 / 4) as u32;
+        slots.extend([u32::MAX, n_slots as u32, wrapping_slot]);
+        let n_tokens = slots.len();
+        let k_new = rng.f32s(n_tokens * row, -1.0, 1.0);
+        let v_new = rng.f32s(n_tokens * row, -1.0, 1.0);
+
+        let shape = [num_blocks, block_size, n_kv_heads, head_dim];
+        let k = Tensor::from_slice(ctx, "k_cache", &shape, &before_k).unwrap();
+        let v = Tensor::from_slice(ctx, "v_cache", &shape, &before_v).unwrap();
+        let k_new_gpu = Tensor::from_slice(ctx, "k_new", &[n_tokens, row], &k_new).unwrap();
+        let v_new_gpu = Tensor::from_slice(ctx, "v_new", &[n_tokens, row], &v_new).unwrap();
+        let slots_gpu = Tensor::from_slice(ctx, "slots", &[n_tokens], &slots).unwrap();
+        let mut encoder = ctx.encoder("test");
+        store_kv(ctx, &mut encoder, &KvCacheLayer { k: &k, v: &v }, &k_new_gpu, &v_new_gpu, &slots_gpu)
+            .unwrap();
+        ctx.submit(encoder).unwrap();
+
+        let (mut expected_k, mut expected_v) = (before_k, before_v);
+        for (t, &slot) in slots.iter().enumerate().filter(|&(_, &s)| (s as usize) < n_slots) {
+            let slot = slot as usize;
+            expected_k[slot * row..][..row].copy_from_slice(&k_new[t * row..][..row]);
+            expected_v[slot * row..][..row].copy_from_slice(&v_new[t * row..][..row]);
+        }
+        assert_eq!(pollster::block_on(k.to_f32(ctx)).unwrap(), expected_k, "K cache");
+        assert_eq!(pollster::block_on(v.to_f32(ctx)).unwrap(), expected_v, "V cache");
+    }
+
+    #[test]
+    fn every_head_dim_variant_validates_and_fits_16_kib() {
+        let workgroup_bytes = |source: &KernelSource| {
+            let module = naga::front::wgsl::parse_str(&source.wgsl()).unwrap();
+            module
+                .global_variables
+                .iter()
+                .filter(|(_, var)| var.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, var)| module.types[var.ty].inner.size(module.to_ctx()) as usize)
+                .sum::<usize>()
+        };
+        validate_wgsl(&KernelSource::new("kv_store", &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u")));
+        for head_dim in (4..=MAX_HEAD_DIM).step_by(4) {
+            let decode_variants = (1..=DECODE_MAX_GROUP_HEADS).map(|heads| decode_source(head_dim, heads));
+            for source in decode_variants.chain([prefill_source(head_dim)]) {
+                validate_wgsl(&source);
+                let bytes = workgroup_bytes(&source);
+                assert!(bytes <= WORKGROUP_BYTES, "{} {:?}: {bytes} bytes", source.entry, source.defines);
+            }
+        }
+    }
+
+    #[test]
+    fn mismatched_arguments_are_errors() {
+        let ctx = gpu();
+        let tensor = |shape: &[usize]| Tensor::empty(ctx, "t", shape).unwrap();
+        let (k, v) = (tensor(&[4, 16, 2, 64]), tensor(&[4, 16, 2, 64]));
+        let cache = KvCacheLayer { k: &k, v: &v };
+        let (lens, table) = (tensor(&[3]), tensor(&[3, 4]));
+        let batch = DecodeBatch { context_lens: &lens, block_table: &table };
+        let options = AttentionOptions::new(64);
+        let mut encoder = ctx.encoder("test");
+        let mut decode_err = |q: &Tensor, cache: &KvCacheLayer<'_>, batch: &DecodeBatch<'_>, options| {
+            decode(ctx, &mut encoder, q, cache, batch, options, q).unwrap_err().to_string()
+        };
+
+        // 5 query heads over 2 kv heads.
+        let err = decode_err(&tensor(&[3, 5, 64]), &cache, &batch, &options);
+        assert!(err.contains("attention_decode") && err.contains("kv heads"), "{err}");
+        // q rows do not match the sequences.
+        let err = decode_err(&tensor(&[2, 4, 64]), &cache, &batch, &options);
+        assert!(err.contains("query rows"), "{err}");
+        // A head size past the limit.
+        let (k_big, v_big) = (tensor(&[1, 4, 1, 260]), tensor(&[1, 4, 1, 260]));
+        let err = decode_err(&tensor(&[3, 1, 260]), &KvCacheLayer { k: &k_big, v: &v_big }, &batch, &options);
+        assert!(err.contains("head_dim 260"), "{err}");
+        // K and V of different shapes.
+        let err = decode_err(&tensor(&[3, 4, 64]), &KvCacheLayer { k: &k, v: &k_big }, &batch, &options);
+        assert!(err.contains("num_blocks"), "{err}");
+        // A block table with rows for other sequences.
+        let short_table = tensor(&[2, 4]);
+        let short = DecodeBatch { context_lens: &lens, block_table: &short_table };
+        let err = decode_err(&tensor(&[3, 4, 64]), &cache, &short, &options);
+        assert!(err.contains("2 rows for 3 sequences"), "{err}");
+        // Options out of range.
+        let zero_window = AttentionOptions { sliding_window: Some(0), ..options };
+        assert!(decode_err(&tensor(&[3, 4, 64]), &cache, &batch, &zero_window).contains("sliding window"));
+        let bad_cap = AttentionOptions { softcap: Some(-1.0), ..options };
+        assert!(decode_err(&tensor(&[3, 4, 64]), &cache, &batch, &bad_cap).contains("softcap"));
+
+        let (seq_ids, positions) = (tensor(&[7]), tensor(&[6]));
+        let batch = PrefillBatch { seq_ids: &seq_ids, positions: &positions, block_table: &table };
+        let q = tensor(&[7, 4 * 64]);
+        let err = prefill(ctx, &mut encoder, &q, &cache, &batch, &options, &q).unwrap_err().to_string();
+        assert!(err.contains("attention_prefill") && err.contains("6 positions"), "{err}");
+
+        let (k_new, slots) = (tensor(&[5, 2 * 64]), tensor(&[4]));
+        let err = store_kv(ctx, &mut encoder, &cache, &k_new, &k_new, &slots).unwrap_err().to_string();
+        assert!(err.contains("kv_store"), "{err}");
+    }
+}

@@ -20,7 +20,7 @@ fn source(entry: &'static str) -> KernelSource {
 
 /// Records `dst = src`; both hold a multiple of 4 elements and the same length.
 pub fn copy(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, src: &Tensor, dst: &Tensor) -> Result<()> {
-    ensure("copy_vec4", src.len() == dst.len() && src.len() % 4 == 0, || {
+    ensure("copy_vec4", src.len() == dst.len() && src.len().is_multiple_of(4), || {
         format!(
             "src has {} elements and dst {}; both must be equal and a multiple of 4",
             src.len(),
@@ -47,7 +47,7 @@ pub fn read(
     sink: &Tensor,
     groups: u32,
 ) -> Result<()> {
-    ensure("read_vec4", src.len() % 4 == 0 && sink.len() >= (groups * WG_SIZE) as usize, || {
+    ensure("read_vec4", src.len().is_multiple_of(4) && sink.len() >= (groups * WG_SIZE) as usize, || {
         format!(
             "src has {} elements (must be a multiple of 4), sink {} (needs {})",
             src.len(),
@@ -62,6 +62,67 @@ pub fn read(
         &[src.binding(), sink.binding(), params.as_entire_binding()],
         ctx.grid(groups),
     )
+}
+
+/// Memory bandwidth of the device, as its own kernels achieve it: the roofline that a
+/// memory-bound kernel (decode's matrix × vector) is measured against.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Bandwidth {
+    /// Bytes in the probe buffer.
+    pub buffer_bytes: u64,
+    /// Copy kernel: bytes read plus bytes written, per second.
+    pub copy_bytes_per_s: f64,
+    /// Read-only reduction kernel: bytes read per second.
+    pub read_bytes_per_s: f64,
+}
+
+impl Bandwidth {
+    /// The faster of the two probes: the best rate at which a kernel here can stream memory.
+    pub fn best_bytes_per_s(&self) -> f64 {
+        self.copy_bytes_per_s.max(self.read_bytes_per_s)
+    }
+}
+
+/// Measures [`Bandwidth`] on a buffer of `buffer_bytes` (rounded down to whole vec4s, at least
+/// one), taking the median of `repeats` timed runs after one warm-up (the first use of a buffer
+/// pays for its zero-initialisation). `now_s` is the host's clock in seconds; the core has none
+/// of its own since it also runs in the browser.
+pub async fn measure_bandwidth(
+    ctx: &GpuContext,
+    buffer_bytes: u64,
+    repeats: usize,
+    now_s: &dyn Fn() -> f64,
+) -> Result<Bandwidth> {
+    let elements = ((buffer_bytes.min(ctx.max_binding_bytes()) / 16).max(1) * 4) as usize;
+    let src = Tensor::empty(ctx, "bandwidth src", &[elements])?;
+    let dst = Tensor::empty(ctx, "bandwidth dst", &[elements])?;
+    // Enough workgroups to fill any device, few enough that the sink write is negligible.
+    let read_groups = 1024u32;
+    let sink = Tensor::empty(ctx, "bandwidth sink", &[(read_groups * WG_SIZE) as usize])?;
+    let bytes = (elements * 4) as f64;
+
+    let time = async |record: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>| -> Result<f64> {
+        let mut runs = Vec::with_capacity(repeats + 1);
+        for _ in 0..=repeats.max(1) {
+            let start = now_s();
+            let mut encoder = ctx.encoder("bandwidth");
+            record(&mut encoder)?;
+            ctx.submit(encoder)?;
+            // A 4-byte readback waits for the work before it.
+            ctx.read_bytes(sink.buffer(), 0, 4).await?;
+            runs.push(now_s() - start);
+        }
+        runs.remove(0);
+        runs.sort_by(f64::total_cmp);
+        Ok(runs[runs.len() / 2])
+    };
+    let copy_s = time(&|encoder| copy(ctx, encoder, &src, &dst)).await?;
+    let read_s = time(&|encoder| read(ctx, encoder, &src, &sink, read_groups)).await?;
+    Ok(Bandwidth {
+        buffer_bytes: bytes as u64,
+        copy_bytes_per_s: 2.0 * bytes / copy_s,
+        read_bytes_per_s: bytes / read_s,
+    })
 }
 
 #[cfg(test)]
@@ -109,6 +170,17 @@ mod tests {
             })
             .collect();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn bandwidth_is_measured() {
+        let ctx = gpu();
+        let start = std::time::Instant::now();
+        let clock = || start.elapsed().as_secs_f64();
+        let bandwidth = pollster::block_on(measure_bandwidth(ctx, 1 << 20, 3, &clock)).unwrap();
+        assert_eq!(bandwidth.buffer_bytes, 1 << 20);
+        assert!(bandwidth.copy_bytes_per_s.is_finite() && bandwidth.copy_bytes_per_s > 0.0);
+        assert!(bandwidth.read_bytes_per_s.is_finite() && bandwidth.read_bytes_per_s > 0.0);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 mod dequant;
 
 pub use dequant::dequantize_row;
+#[cfg(test)]
+pub(crate) use dequant::random_rows;
 
 /// The GGML tensor types flint reads, with their GGML type ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -35,6 +37,21 @@ pub enum QuantType {
 }
 
 impl QuantType {
+    /// Every type flint reads.
+    pub const ALL: [QuantType; 11] = [
+        QuantType::F32,
+        QuantType::F16,
+        QuantType::BF16,
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q4K,
+        QuantType::Q5K,
+        QuantType::Q6K,
+    ];
+
     /// The type for a GGML type id, or `None` if flint does not read it.
     pub fn from_ggml_id(id: u32) -> Option<Self> {
         Some(match id {
@@ -146,7 +163,7 @@ impl QuantType {
     /// of blocks.
     pub fn row_bytes(self, elements: usize) -> Option<usize> {
         let block = self.block_elements();
-        (elements % block == 0).then(|| elements / block * self.block_bytes())
+        elements.is_multiple_of(block).then(|| elements / block * self.block_bytes())
     }
 }
 

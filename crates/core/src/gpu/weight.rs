@@ -1,0 +1,315 @@
+//! [`QuantMatrix`]: a 2-D weight in GPU memory, still quantized, split by rows into as many
+//! buffers as the device's binding limit requires.
+//!
+//! GPU layout (what the decoders in `shaders/quant/` read): every row starts on a word
+//! boundary and takes [`QuantMatrix::row_words`] words.
+//! - F32, F16 and BF16 rows (`cols` is a multiple of 8) and Q4_1, Q5_1, Q4_K and Q5_K blocks
+//!   (20, 24, 144, 176 bytes) are whole words, so a row is its GGUF bytes unchanged.
+//! - Q4_0, Q5_0, Q8_0 and Q6_K blocks are 18, 22, 34 and 210 bytes, so in GGUF every other
+//!   block starts in the middle of a word. Their rows are repacked at upload: first each
+//!   block without its f16 scale (16, 20, 32, 208 bytes: whole words), back to back, then the
+//!   row's f16 scales, two per word. This costs at most 2 bytes of padding a row (padding each
+//!   block to a word would cost up to 11%) and spares every load in the kernels the two-word
+//!   shifting that unaligned reads need.
+
+use std::ops::Range;
+
+use crate::gpu::GpuContext;
+use crate::quant::QuantType;
+use crate::{Error, Result};
+
+/// A `rows` × `cols` weight matrix on the GPU in its GGUF quantization, never expanded to f32.
+///
+/// GGUF's dimension 0 (`cols`) is contiguous: a row is `cols / block_elements` blocks. Rows are
+/// stored in chunks, each its own buffer within [`GpuContext::max_binding_bytes`], so a tensor
+/// larger than one binding (gemma3's 178 MB token embedding on a 128 MiB device) still fits;
+/// kernels record one dispatch per chunk.
+pub struct QuantMatrix {
+    name: String,
+    quant: QuantType,
+    rows: usize,
+    cols: usize,
+    row_words: usize,
+    chunks: Vec<WeightChunk>,
+}
+
+/// Consecutive rows of a [`QuantMatrix`] in one buffer.
+pub(crate) struct WeightChunk {
+    /// The rows, `row_words` words each.
+    pub buffer: wgpu::Buffer,
+    /// Index in the whole matrix of the chunk's first row.
+    pub first_row: usize,
+    /// Number of rows in the chunk.
+    pub rows: usize,
+}
+
+/// Where the f16 scale sits in the blocks that are repacked (see the module comment), or `None`
+/// for types stored as they are.
+fn repacked_scale_offset(quant: QuantType) -> Option<usize> {
+    match quant {
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => Some(0),
+        QuantType::Q6K => Some(208),
+        QuantType::F32
+        | QuantType::F16
+        | QuantType::BF16
+        | QuantType::Q4_1
+        | QuantType::Q5_1
+        | QuantType::Q4K
+        | QuantType::Q5K => None,
+    }
+}
+
+/// Every decoder yields 8 consecutive weights at a time, so rows are a multiple of 8 long.
+const DECODE_WEIGHTS: usize = 8;
+
+impl QuantMatrix {
+    /// The WGSL parts that give a kernel `decode8()` for `quant` weights in this module's layout:
+    /// the shared interface, then the type's decoder (with the K-quant scale helpers before the
+    /// Q4_K and Q5_K decoders). A kernel appends its own family file after them.
+    pub(crate) fn decoder_parts(quant: QuantType) -> Vec<&'static str> {
+        const COMMON: &str = include_str!("../../../../shaders/quant/common.wgsl");
+        const K_SCALES: &str = include_str!("../../../../shaders/quant/k_scales.wgsl");
+        let decoder = match quant {
+            QuantType::F32 => include_str!("../../../../shaders/quant/f32.wgsl"),
+            QuantType::F16 => include_str!("../../../../shaders/quant/f16.wgsl"),
+            QuantType::BF16 => include_str!("../../../../shaders/quant/bf16.wgsl"),
+            QuantType::Q4_0 => include_str!("../../../../shaders/quant/q4_0.wgsl"),
+            QuantType::Q4_1 => include_str!("../../../../shaders/quant/q4_1.wgsl"),
+            QuantType::Q5_0 => include_str!("../../../../shaders/quant/q5_0.wgsl"),
+            QuantType::Q5_1 => include_str!("../../../../shaders/quant/q5_1.wgsl"),
+            QuantType::Q8_0 => include_str!("../../../../shaders/quant/q8_0.wgsl"),
+            QuantType::Q4K => include_str!("../../../../shaders/quant/q4_k.wgsl"),
+            QuantType::Q5K => include_str!("../../../../shaders/quant/q5_k.wgsl"),
+            QuantType::Q6K => include_str!("../../../../shaders/quant/q6_k.wgsl"),
+        };
+        match quant {
+            QuantType::Q4K | QuantType::Q5K => vec![COMMON, K_SCALES, decoder],
+            _ => vec![COMMON, decoder],
+        }
+    }
+
+    /// Uploads a weight from its GGUF bytes (`rows` rows of `quant.row_bytes(cols)` bytes),
+    /// in chunks of at most [`GpuContext::max_binding_bytes`].
+    pub fn upload(
+        ctx: &GpuContext,
+        name: &str,
+        quant: QuantType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Self> {
+        Self::upload_in_chunks(ctx, name, quant, rows, cols, bytes, ctx.max_binding_bytes())
+    }
+
+    /// As [`QuantMatrix::upload`], with chunks of at most `max_chunk_bytes` (capped at the
+    /// device's binding limit): small values split small tensors, which tests use to exercise
+    /// the multi-buffer path.
+    pub fn upload_in_chunks(
+        ctx: &GpuContext,
+        name: &str,
+        quant: QuantType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        max_chunk_bytes: u64,
+    ) -> Result<Self> {
+        let shape_error = |reason: String| Error::KernelArguments { kernel: "QuantMatrix::upload", reason };
+        let row_bytes = quant
+            .row_bytes(cols)
+            .filter(|_| cols > 0 && cols.is_multiple_of(DECODE_WEIGHTS))
+            .ok_or_else(|| {
+                shape_error(format!(
+                    "weight '{name}': {cols} columns is not a positive multiple of the {quant} block \
+                     ({} weights) and of {DECODE_WEIGHTS}",
+                    quant.block_elements()
+                ))
+            })?;
+        // Kernels index rows and columns with u32.
+        if rows == 0 || rows > u32::MAX as usize || cols > u32::MAX as usize {
+            return Err(shape_error(format!(
+                "weight '{name}' has {rows} rows and {cols} columns: both must be between 1 and {}",
+                u32::MAX
+            )));
+        }
+        if rows.checked_mul(row_bytes) != Some(bytes.len()) {
+            return Err(shape_error(format!(
+                "weight '{name}': {rows} rows of {cols} {quant} weights are {row_bytes} bytes each, \
+                 but {} bytes were given",
+                bytes.len()
+            )));
+        }
+        let blocks = cols / quant.block_elements();
+        let row_words = match repacked_scale_offset(quant) {
+            Some(_) => (blocks * (quant.block_bytes() - 2)).div_ceil(4) + blocks.div_ceil(2),
+            None => row_bytes / 4,
+        };
+        let chunk_limit = max_chunk_bytes.min(ctx.max_binding_bytes());
+        let rows_per_chunk = (chunk_limit / (row_words as u64 * 4)).min(u32::MAX as u64) as usize;
+        if rows_per_chunk == 0 {
+            return Err(Error::TooLarge {
+                name: name.to_string(),
+                bytes: row_words as u64 * 4,
+                reason: format!("one row must fit in one buffer of at most {chunk_limit} bytes"),
+            });
+        }
+        let mut matrix =
+            QuantMatrix { name: name.to_string(), quant, rows, cols, row_words, chunks: Vec::new() };
+        for first_row in (0..rows).step_by(rows_per_chunk) {
+            let chunk_rows = rows_per_chunk.min(rows - first_row);
+            let src = &bytes[first_row * row_bytes..(first_row + chunk_rows) * row_bytes];
+            let buffer = matrix.upload_chunk(ctx, first_row..first_row + chunk_rows, src, row_bytes)?;
+            matrix.chunks.push(WeightChunk { buffer, first_row, rows: chunk_rows });
+        }
+        Ok(matrix)
+    }
+
+    /// One buffer holding `rows` in the GPU layout, written while mapped at creation (no
+    /// staging copy).
+    fn upload_chunk(
+        &self,
+        ctx: &GpuContext,
+        rows: Range<usize>,
+        src: &[u8],
+        row_bytes: usize,
+    ) -> Result<wgpu::Buffer> {
+        let gpu_row_bytes = self.row_words * 4;
+        let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some(&format!("{} rows {}..{}", self.name, rows.start, rows.end)),
+            size: (rows.len() * gpu_row_bytes) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buffer
+                .get_mapped_range_mut(..)
+                .map_err(|e| Error::Gpu(format!("mapping '{}': {e}", self.name)))?;
+            match repacked_scale_offset(self.quant) {
+                None => view.slice(..).copy_from_slice(src),
+                Some(scale_at) => {
+                    let mut row = vec![0u8; gpu_row_bytes];
+                    for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
+                        repack_row(self.quant, scale_at, src_row, &mut row);
+                        view.slice(i * gpu_row_bytes..(i + 1) * gpu_row_bytes).copy_from_slice(&row);
+                    }
+                }
+            }
+        }
+        buffer.unmap();
+        Ok(buffer)
+    }
+
+    /// The tensor's name (for error messages).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The quantization of the weights.
+    pub fn quant(&self) -> QuantType {
+        self.quant
+    }
+
+    /// Number of rows (outputs of a matrix × vector product).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (weights per row, GGUF's contiguous dimension 0).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Words a row takes in the GPU layout.
+    pub fn row_words(&self) -> usize {
+        self.row_words
+    }
+
+    /// Number of buffers the rows are split into.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The chunks, in row order.
+    pub(crate) fn chunks(&self) -> &[WeightChunk] {
+        &self.chunks
+    }
+}
+
+/// Writes one GGUF row of a repacked type into `out` (its GPU layout): block bodies without
+/// the 2 scale bytes at `scale_at`, then the scales; the padding stays zero.
+fn repack_row(quant: QuantType, scale_at: usize, src: &[u8], out: &mut [u8]) {
+    let body_bytes = quant.block_bytes() - 2;
+    let blocks = src.len() / quant.block_bytes();
+    let scales_at = (blocks * body_bytes).next_multiple_of(4);
+    for (b, block) in src.chunks_exact(quant.block_bytes()).enumerate() {
+        let body = &mut out[b * body_bytes..(b + 1) * body_bytes];
+        body[..scale_at].copy_from_slice(&block[..scale_at]);
+        body[scale_at..].copy_from_slice(&block[scale_at + 2..]);
+        out[scales_at + 2 * b..scales_at + 2 * b + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::{Rng, gpu};
+    use crate::quant::random_rows;
+
+    /// The chunks read back and concatenated.
+    fn read_back(ctx: &GpuContext, matrix: &QuantMatrix) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for chunk in matrix.chunks() {
+            bytes.extend(pollster::block_on(ctx.read_bytes(&chunk.buffer, 0, chunk.buffer.size())).unwrap());
+        }
+        bytes
+    }
+
+    #[test]
+    fn unaligned_types_are_repacked_scales_last() {
+        let ctx = gpu();
+        let mut rng = Rng::new("repack");
+        // Q8_0, 3 blocks a row: bodies of 32 bytes, then 3 scales in 2 words.
+        let src = random_rows(QuantType::Q8_0, 2, 96, &mut rng);
+        let matrix = QuantMatrix::upload(ctx, "q8", QuantType::Q8_0, 2, 96, &src).unwrap();
+        assert_eq!(matrix.row_words(), 3 * 8 + 2);
+        let got = read_back(ctx, &matrix);
+        for r in 0..2 {
+            let (row, gpu_row) = (&src[r * 102..(r + 1) * 102], &got[r * 104..(r + 1) * 104]);
+            for b in 0..3 {
+                assert_eq!(&gpu_row[32 * b..32 * b + 32], &row[34 * b + 2..34 * b + 34], "row {r} body {b}");
+                assert_eq!(&gpu_row[96 + 2 * b..98 + 2 * b], &row[34 * b..34 * b + 2], "row {r} scale {b}");
+            }
+            assert_eq!(&gpu_row[102..], &[0, 0]);
+        }
+    }
+
+    #[test]
+    fn aligned_types_are_unchanged_and_split_by_rows() {
+        let ctx = gpu();
+        let mut rng = Rng::new("split");
+        let src = random_rows(QuantType::Q4K, 7, 512, &mut rng);
+        // 288 bytes a row: 3 rows a chunk gives chunks of 3, 3 and 1 rows.
+        let matrix =
+            QuantMatrix::upload_in_chunks(ctx, "q4k", QuantType::Q4K, 7, 512, &src, 3 * 288 + 100).unwrap();
+        let rows: Vec<(usize, usize)> = matrix.chunks().iter().map(|c| (c.first_row, c.rows)).collect();
+        assert_eq!(rows, [(0, 3), (3, 3), (6, 1)]);
+        assert_eq!(read_back(ctx, &matrix), src);
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let ctx = gpu();
+        let cases = [
+            (QuantType::Q4_0, 2, 48, 36), // not whole blocks
+            (QuantType::F16, 1, 12, 24),  // not a multiple of 8
+            (QuantType::Q8_0, 2, 32, 34), // too few bytes
+            (QuantType::Q8_0, 0, 32, 0),  // no rows
+        ];
+        for (quant, rows, cols, len) in cases {
+            let err = QuantMatrix::upload(ctx, "w", quant, rows, cols, &vec![0; len]).err().unwrap();
+            assert!(err.to_string().contains("'w'"), "{quant} {rows}x{cols}: {err}");
+        }
+        let err =
+            QuantMatrix::upload_in_chunks(ctx, "w", QuantType::F32, 2, 64, &[0; 512], 100).err().unwrap();
+        assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    }
+}

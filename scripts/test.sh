@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: set-up, formatting, lints, the wasm32 build of the core,
+# and every test on a real Vulkan device (lavapipe where there is no GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+step() { echo "==> $*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "flint-core and flint-web for wasm32-unknown-unknown"
+cargo build --quiet -p flint-core -p flint-web --target wasm32-unknown-unknown
+
+step "cargo test --workspace"
+cargo test --workspace

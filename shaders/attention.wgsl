@@ -1,0 +1,75 @@
+// Pieces shared by the attention kernels over a paged KV cache (attention_decode.wgsl,
+// attention_prefill.wgsl), concatenated before them.
+//
+// The cache of one layer: K and V, each [num_blocks, block_size, n_kv_heads, HEAD_DIM] f32.
+// Position j of sequence s lives in slot block_table[s * max_blocks_per_seq + j / block_size]
+// * block_size + j % block_size. Query head h reads kv head h / (n_heads / n_kv_heads).
+// A query at position p sees the keys at positions j <= p with p - j < window (window 0 = all).
+// Each kernel file declares the globals used here: `params: AttentionParams` (uniform) and
+// `block_table: array<u32>` ([n_seqs, max_blocks_per_seq]).
+
+struct AttentionParams {
+    // Query rows: sequences for decode, tokens for prefill.
+    n_rows: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    // Rows of the block table.
+    n_seqs: u32,
+    block_size: u32,
+    max_blocks_per_seq: u32,
+    // Sliding window in tokens; 0 = off.
+    window: u32,
+    // Multiplies q.k; folded into q when it is loaded.
+    scale: f32,
+    // Logit soft-cap: logit = softcap * tanh(logit / softcap); 0 = off.
+    softcap: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const HEAD_VEC4S: u32 = HEAD_DIM / 4u;
+
+// The running maximum before any key is seen. A finite stand-in for -infinity: drivers may
+// compile with fast math that assumes no infinities, and exp(NO_MAX - m) is still exactly 0.
+const NO_MAX: f32 = -3.0e38;
+
+// The kv head read by query head `head` (grouped-query attention).
+fn kv_head_of(head: u32) -> u32 {
+    return head / (params.n_heads / params.n_kv_heads);
+}
+
+// The first key position visible from query position `position` under the sliding window.
+fn first_visible_key(position: u32) -> u32 {
+    if params.window != 0u && position + 1u > params.window {
+        return position + 1u - params.window;
+    }
+    return 0u;
+}
+
+// Keys a sequence's block table row can address: larger positions are clamped to this.
+fn table_capacity() -> u32 {
+    return params.max_blocks_per_seq * params.block_size;
+}
+
+// The cache slot holding position `position` of sequence `seq`.
+fn key_slot(seq: u32, position: u32) -> u32 {
+    let block = block_table[seq * params.max_blocks_per_seq + position / params.block_size];
+    return block * params.block_size + position % params.block_size;
+}
+
+// Index of the first vec4 of (slot, kv_head) in K or V.
+fn cache_vec4_index(slot: u32, kv_head: u32) -> u32 {
+    return (slot * params.n_kv_heads + kv_head) * HEAD_VEC4S;
+}
+
+// Applies the soft-cap to a scaled logit. tanh is written out with exp(-2|x|) so that large
+// logits saturate to +-1 instead of overflowing into inf / inf.
+fn soft_cap(logit: f32) -> f32 {
+    if params.softcap == 0.0 {
+        return logit;
+    }
+    let x = logit / params.softcap;
+    let e = exp(-2.0 * abs(x));
+    return params.softcap * sign(x) * (1.0 - e) / (1.0 + e);
+}

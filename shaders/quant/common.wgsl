@@ -1,0 +1,39 @@
+// The interface every block decoder in shaders/quant/ implements, and the helpers they share.
+//
+// A kernel that reads weights is composed at pipeline creation from three parts: this file,
+// ONE decoder (f32.wgsl, q4_k.wgsl, ...) and the kernel family's file. The family file declares
+//     @group(0) @binding(0) var<storage, read> weights: array<u32>;
+// holding one chunk of a weight matrix in flint's GPU layout (crates/core/src/gpu/weight.rs):
+// every row starts on a word boundary and is `row_words` words long. Types whose GGUF block is
+// a whole number of words (f32, f16, bf16, q4_1, q5_1, q4_k, q5_k) keep the GGUF bytes as they
+// are; the others (q4_0, q5_0, q8_0, q6_k: 18, 22, 34, 210 bytes) store a row as the blocks
+// without their f16 scale, back to back, followed by the row's scales, two per word.
+//
+// Every decoder defines
+//     fn decode8(row: WeightRow, k: u32) -> Weights8
+// returning weights k .. k + 7 of the row (k a multiple of 8 and below the row's length), and
+// never reads outside the row.
+
+// Eight consecutive weights of a row: elements k .. k + 3 and k + 4 .. k + 7.
+struct Weights8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// A row of the bound weights: the index of its first word and its number of GGUF blocks.
+struct WeightRow {
+    first_word: u32,
+    blocks: u32,
+}
+
+// The same bit field of each of the four bytes of `word`, lowest byte first: the bits of `mask`
+// shifted to bit `first` of byte i, that is (word >> (first + 8i)) & mask for i = 0..3.
+fn byte_fields(word: u32, first: u32, mask: u32) -> vec4<u32> {
+    return (vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + first)) & vec4<u32>(mask);
+}
+
+// The f16 scale of block `block` from a row's trailing scale words (two f16 per word).
+fn trailing_scale(row: WeightRow, body_words: u32, block: u32) -> f32 {
+    let word = weights[row.first_word + row.blocks * body_words + block / 2u];
+    return unpack2x16float(word)[block % 2u];
+}
