@@ -229,6 +229,11 @@ impl QuantMatrix {
     }
 
     /// The chunks, in row order.
+    /// The rows each buffer holds, in order: one range unless the weight exceeds a binding.
+    pub fn chunk_row_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.chunks.iter().map(|chunk| chunk.first_row..chunk.first_row + chunk.rows).collect()
+    }
+
     pub(crate) fn chunks(&self) -> &[WeightChunk] {
         &self.chunks
     }
