@@ -48,6 +48,22 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The paged KV cache has too few free blocks for the tokens being appended.
+    #[error(
+        "the KV cache is full: {needed_blocks} more blocks of {block_size_tokens} tokens are needed but only \
+         {free_blocks} are free; finish or abort a sequence, or create the cache with a larger token budget"
+    )]
+    KvCacheFull {
+        /// Blocks the append needs.
+        needed_blocks: usize,
+        /// Blocks still free.
+        free_blocks: usize,
+        /// Tokens per block.
+        block_size_tokens: usize,
+    },
+    /// A batch given to a model's forward pass does not fit the model or its KV cache.
+    #[error("invalid batch for the forward pass: {0}")]
+    InvalidBatch(String),
     /// Reading a file from disk failed.
     #[error("cannot read '{path}': {source}")]
     Io {
@@ -57,6 +73,17 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A token id that is not in the tokenizer's vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
+    TokenOutOfVocabulary {
+        /// The id.
+        id: u32,
+        /// Number of tokens in the vocabulary.
+        vocab_size: usize,
+    },
+    /// A chat template does not compile, fails to render, or raised an exception itself.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
 }
 
 /// Result with flint-core's [`Error`].

@@ -7,10 +7,12 @@
 //! - [`gpu`]: the wgpu device context, buffers and the compiled-pipeline cache.
 //! - [`kernels`]: the WGSL kernel library (in `shaders/`) and the Rust launchers that record them.
 
+pub mod chat;
 pub mod error;
 pub mod gguf;
 pub mod gpu;
 pub mod kernels;
 pub mod quant;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -3,7 +3,7 @@
 //! Each subcommand is a variant of [`Command`] and one function here. Errors print as one line
 //! on stderr and exit with status 1; usage errors are clap's (status 2).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -13,6 +13,7 @@ use std::time::Instant;
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::kernels::copy::measure_bandwidth;
+use flint_core::tokenizer::Tokenizer;
 
 #[derive(Parser)]
 #[command(name = "flint", version, about = "Run large language models from GGUF files on any GPU.")]
@@ -25,8 +26,26 @@ struct Cli {
 enum Command {
     /// Print a model's architecture, hyper-parameters, tokenizer and tensors.
     Inspect(InspectArgs),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(TokenizeArgs),
     /// Describe the GPU flint would use and measure its memory bandwidth.
     Gpu(GpuArgs),
+}
+
+#[derive(Args)]
+struct TokenizeArgs {
+    /// The GGUF model file whose tokenizer to use.
+    #[arg(long, value_name = "FILE")]
+    model: PathBuf,
+    /// The text; read from standard input when not given.
+    #[arg(long, value_name = "T")]
+    text: Option<String>,
+    /// Add the model's special tokens (BOS where the model's metadata asks for it).
+    #[arg(long)]
+    add_special: bool,
+    /// Match special-token text such as `<|im_start|>` as the special token itself.
+    #[arg(long)]
+    parse_special: bool,
 }
 
 #[derive(Args)]
@@ -53,6 +72,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect(&args),
+        Command::Tokenize(args) => tokenize(&args),
         Command::Gpu(args) => gpu(&args),
     };
     match result {
@@ -68,6 +88,26 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
     let summary = GgufFile::open(&args.model)?.summary()?;
     let text = if args.json { serde_json::to_string_pretty(&summary)? + "\n" } else { summary.to_string() };
     std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn tokenize(args: &TokenizeArgs) -> anyhow::Result<()> {
+    let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&args.model)?)?;
+    let text = match &args.text {
+        Some(text) => text.clone(),
+        None => {
+            let mut bytes = Vec::new();
+            std::io::stdin().lock().read_to_end(&mut bytes)?;
+            String::from_utf8(bytes).map_err(|e| {
+                anyhow::anyhow!(
+                    "standard input is not valid UTF-8 (first bad byte at offset {})",
+                    e.utf8_error().valid_up_to()
+                )
+            })?
+        }
+    };
+    let ids = tokenizer.encode(&text, args.add_special, args.parse_special);
+    writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(&ids)?)?;
     Ok(())
 }
 
