@@ -1,9 +1,10 @@
 // Element-wise kernels: gated activations (SiLU, GELU with the tanh approximation), residual
-// add and scaling.
+// add, bias add and scaling.
 //
 // Layout: `a`, `b` and `out` hold `params.count` f32 each (BINARY kernels read `a` and `b`,
-// `scale` reads `a` only). With IN_PLACE the result overwrites `a` and there is no `out`
-// binding; OUT_BINDING is `out`'s binding number otherwise.
+// `scale` reads `a` only), except `add_bias`, whose `b` is one row of `params.bias_len`
+// elements added to every row of `a` (count a multiple of bias_len). With IN_PLACE the result
+// overwrites `a` and there is no `out` binding; OUT_BINDING is `out`'s binding number otherwise.
 // Workgroup: WG_SIZE invocations, one element each; the grid may be 2-D
 // (index = wg.x + wg.y * num_workgroups.x) and indices past params.count do nothing.
 // Bounds: any count >= 1.
@@ -11,8 +12,8 @@
 struct Params {
     count: u32,
     factor: f32,
-    _pad0: u32,
-    _pad1: u32,
+    bias_len: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -95,6 +96,19 @@ fn add(
     let i = element_index(wg, groups, lane);
     if i < params.count {
         store(i, a[i] + b[i]);
+    }
+}
+
+// out = a + b broadcast over rows: b[i % bias_len].
+@compute @workgroup_size(WG_SIZE)
+fn add_bias(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    let i = element_index(wg, groups, lane);
+    if i < params.count {
+        store(i, a[i] + b[i % params.bias_len]);
     }
 }
 #else

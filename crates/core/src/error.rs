@@ -73,6 +73,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A request parameter is outside its valid range.
+    #[error("invalid value for '{field}': {reason}")]
+    InvalidParameter {
+        /// The parameter's name, as in the request contract (e.g. "top_p").
+        field: &'static str,
+        /// What is wrong with the value.
+        reason: String,
+    },
     /// A token id that is not in the tokenizer's vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
     TokenOutOfVocabulary {

@@ -9,10 +9,14 @@
 
 pub mod chat;
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod gpu;
 pub mod kernels;
+pub mod kv;
+pub mod model;
 pub mod quant;
+pub mod sample;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

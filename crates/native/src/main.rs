@@ -10,9 +10,12 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use std::time::Instant;
 
+use flint_core::chat::{ChatMessage, ChatTemplate};
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::kernels::copy::measure_bandwidth;
+use flint_core::model::Model;
+use flint_core::sample::SamplingParams;
 use flint_core::tokenizer::Tokenizer;
 
 #[derive(Parser)]
@@ -26,10 +29,70 @@ struct Cli {
 enum Command {
     /// Print a model's architecture, hyper-parameters, tokenizer and tensors.
     Inspect(InspectArgs),
+    /// Continue a prompt (streamed to standard output, or one JSON object with --json).
+    Generate(GenerateArgs),
+    /// Perplexity of a text file, as llama.cpp's reference defines it.
+    Perplexity(PerplexityArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize(TokenizeArgs),
     /// Describe the GPU flint would use and measure its memory bandwidth.
     Gpu(GpuArgs),
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// The GGUF model file.
+    #[arg(long, value_name = "FILE")]
+    model: PathBuf,
+    /// The prompt text.
+    #[arg(long, value_name = "P", required_unless_present = "input_ids", conflicts_with = "input_ids")]
+    prompt: Option<String>,
+    /// The prompt as token ids, a JSON array such as `[504, 3575]`, used as given.
+    #[arg(long, value_name = "JSON")]
+    input_ids: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128, value_name = "N")]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0, value_name = "X")]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass, in (0, 1].
+    #[arg(long, default_value_t = 1.0, value_name = "P")]
+    top_p: f32,
+    /// Keep the K most likely tokens; -1 keeps all.
+    #[arg(long, default_value_t = -1, value_name = "K", allow_negative_numbers = true)]
+    top_k: i32,
+    /// Drop tokens less likely than this fraction of the most likely one, in [0, 1].
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    min_p: f32,
+    /// Seed of the sampler, for reproducible output.
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Wrap the prompt as a user message through the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Print one JSON object with text, output_ids and meta_info instead of streaming.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct PerplexityArgs {
+    /// The GGUF model file.
+    #[arg(long, value_name = "FILE")]
+    model: PathBuf,
+    /// The text file to score.
+    #[arg(long, value_name = "TEXT")]
+    file: PathBuf,
+    /// Tokens per window.
+    #[arg(long, value_name = "N")]
+    ctx: usize,
+    /// Windows to evaluate at most (default: as many as the text holds).
+    #[arg(long, value_name = "W")]
+    windows: Option<usize>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -69,9 +132,12 @@ struct InspectArgs {
 }
 
 fn main() -> ExitCode {
+    quiet_wayland_probe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect(&args),
+        Command::Generate(args) => generate(&args),
+        Command::Perplexity(args) => perplexity(&args),
         Command::Tokenize(args) => tokenize(&args),
         Command::Gpu(args) => gpu(&args),
     };
@@ -89,6 +155,124 @@ fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
     let text = if args.json { serde_json::to_string_pretty(&summary)? + "\n" } else { summary.to_string() };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(())
+}
+
+/// The model file, its tokenizer and the model on the GPU.
+fn load(path: &std::path::Path) -> anyhow::Result<(GgufFile, Tokenizer, Model)> {
+    let file = GgufFile::open(path)?;
+    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let ctx = pollster::block_on(GpuContext::new(&GpuOptions::from_env()))?;
+    let model = Model::load(ctx, &file)?;
+    Ok((file, tokenizer, model))
+}
+
+fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let (file, tokenizer, model) = load(&args.model)?;
+    let prompt_ids: Vec<u32> = match (&args.input_ids, &args.prompt) {
+        (Some(json), _) => serde_json::from_str(json)
+            .map_err(|e| anyhow::anyhow!("--input-ids must be a JSON array of token ids: {e}"))?,
+        (None, Some(prompt)) if args.chat => {
+            let template = ChatTemplate::from_gguf(&file, &tokenizer)?.ok_or_else(|| {
+                anyhow::anyhow!("--chat: this model's file has no chat template (tokenizer.chat_template)")
+            })?;
+            let text = template.render(&[ChatMessage::user(prompt.as_str())], true)?;
+            // Templates that write the BOS token themselves must not get a second one.
+            let bos_text = tokenizer.bos().and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
+            let add_bos = bos_text.is_empty() || !text.starts_with(bos_text);
+            tokenizer.encode(&text, add_bos, true)
+        }
+        (None, Some(prompt)) => tokenizer.encode(prompt, true, false),
+        (None, None) => anyhow::bail!("give --prompt or --input-ids"),
+    };
+    let params = SamplingParams {
+        max_new_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        min_p: args.min_p,
+        seed: args.seed,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut write_error = None;
+    let mut on_text = |text: &str, _: &[u32]| {
+        if !args.json && write_error.is_none() && !text.is_empty() {
+            write_error = out.write_all(text.as_bytes()).and_then(|()| out.flush()).err();
+        }
+    };
+    let generation = pollster::block_on(flint_core::generate::generate(
+        &model,
+        &tokenizer,
+        &prompt_ids,
+        params,
+        fresh_seed(),
+        &mut on_text,
+    ))?;
+    if let Some(error) = write_error {
+        return Err(error.into());
+    }
+    if args.json {
+        let report = serde_json::json!({
+            "text": generation.text,
+            "output_ids": generation.output_ids,
+            "meta_info": {
+                "id": format!("{:016x}", fresh_seed()),
+                "prompt_tokens": generation.prompt_tokens,
+                "completion_tokens": generation.completion_tokens,
+                "cached_tokens": 0,
+                "finish_reason": generation.finish_reason,
+                "e2e_latency": started.elapsed().as_secs_f64(),
+            },
+        });
+        writeln!(out, "{report}")?;
+    } else {
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+fn perplexity(args: &PerplexityArgs) -> anyhow::Result<()> {
+    let (_, tokenizer, model) = load(&args.model)?;
+    let text = std::fs::read_to_string(&args.file)
+        .map_err(|e| anyhow::anyhow!("cannot read '{}': {e}", args.file.display()))?;
+    let ids = tokenizer.encode(&text, false, false);
+    let mut on_window = |done: usize, total: usize| eprint!("\rperplexity: window {done}/{total}");
+    let result = pollster::block_on(flint_core::generate::perplexity(
+        &model,
+        &ids,
+        args.ctx,
+        args.windows.unwrap_or(usize::MAX),
+        &mut on_window,
+    ))?;
+    eprintln!();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string(&result)?)?;
+    } else {
+        writeln!(
+            out,
+            "perplexity {:.4} over {} tokens ({} windows of {})",
+            result.ppl, result.scored_tokens, result.windows, result.ctx
+        )?;
+    }
+    Ok(())
+}
+
+/// wgpu enables Vulkan's Wayland surface extension, and Mesa's drivers then probe for a Wayland
+/// display; libwayland prints "XDG_RUNTIME_DIR is invalid or not set" to stderr when that
+/// variable is unset, as on servers and in CI. flint opens no window: with the variable pointing
+/// at the temp directory the probe finds no display and stays quiet.
+fn quiet_wayland_probe() {
+    if cfg!(target_os = "linux") && std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
+}
+
+/// A seed from the OS's per-process hash keys: sampling without `--seed` differs between runs.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
 }
 
 fn tokenize(args: &TokenizeArgs) -> anyhow::Result<()> {

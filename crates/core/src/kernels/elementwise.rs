@@ -1,5 +1,5 @@
 //! Element-wise kernels (`shaders/elementwise.wgsl`): gated activations of the feed-forward
-//! block, residual add and scaling; and the row softmax (`shaders/softmax.wgsl`).
+//! block, residual add, bias add and scaling; and the row softmax (`shaders/softmax.wgsl`).
 //!
 //! Each comes out of place (`out` has as many elements as the inputs) or in place (the result
 //! overwrites the first input).
@@ -54,7 +54,9 @@ impl GatedActivation {
 struct Params {
     count: u32,
     factor: f32,
-    _pad: [u32; 2],
+    /// `add_bias` only: the length of the bias row.
+    bias_len: u32,
+    _pad: u32,
 }
 
 /// Records `out = act(gate) * up`, element by element.
@@ -99,6 +101,36 @@ pub fn add_in_place(
     b: &Tensor,
 ) -> Result<()> {
     record(ctx, encoder, "add", a, Some(b), None, 1.0)
+}
+
+/// Records `x[r, c] += bias[c]`: the `[cols]` bias added to every row of `x`, whose last
+/// dimension is `cols` (the biases of Qwen 2's q, k and v projections).
+pub fn add_bias_in_place(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &Tensor,
+    bias: &Tensor,
+) -> Result<()> {
+    const ENTRY: &str = "add_bias";
+    let cols = bias.len();
+    ensure(ENTRY, cols > 0 && x.shape().last() == Some(&cols), || {
+        format!(
+            "x has shape {:?} and the bias {cols} elements; x's last dimension must be the bias length",
+            x.shape()
+        )
+    })?;
+    ensure(ENTRY, x.buffer() != bias.buffer(), || "the bias must not be x".to_string())?;
+    if x.is_empty() {
+        return Ok(());
+    }
+    let count = x.len() as u32;
+    let params = ctx.uniform(&Params { count, factor: 1.0, bias_len: cols as u32, _pad: 0 });
+    ctx.dispatch(
+        encoder,
+        &elementwise_source(ENTRY, true, true),
+        &[params.as_entire_binding(), x.binding(), bias.binding()],
+        ctx.grid(count.div_ceil(ELEMENTWISE_WG_SIZE)),
+    )
 }
 
 /// Records `out = x * factor`, element by element.
@@ -162,7 +194,7 @@ fn record(
     if count == 0 {
         return Ok(());
     }
-    let params = ctx.uniform(&Params { count: count as u32, factor, _pad: [0; 2] });
+    let params = ctx.uniform(&Params { count: count as u32, factor, bias_len: 0, _pad: 0 });
     let mut bindings = vec![params.as_entire_binding(), a.binding()];
     bindings.extend(b.map(Tensor::binding));
     bindings.extend(out.map(Tensor::binding));
@@ -288,7 +320,7 @@ mod tests {
 
     #[test]
     fn every_variant_validates() {
-        for entry in ["silu_mul", "gelu_mul", "add"] {
+        for entry in ["silu_mul", "gelu_mul", "add", "add_bias"] {
             for in_place in [false, true] {
                 validate_wgsl(&elementwise_source(entry, true, in_place));
             }
@@ -397,6 +429,28 @@ mod tests {
             let expected: Vec<f32> = sum.iter().map(|x| x * factor).collect();
             assert_close(&format!("add and scale in place n {n}"), &got, &expected, ARITHMETIC_TOLERANCE);
         }
+    }
+
+    #[test]
+    fn bias_add_matches_the_reference() {
+        let ctx = gpu();
+        let mut rng = Rng::new("add bias");
+        for (rows, cols) in [(1, 1), (1, 576), (3, 7), (17, 65), (5, 1000), (70, 4099)] {
+            let x = rng.f32s(rows * cols, -10.0, 10.0);
+            let bias = rng.f32s(cols, -10.0, 10.0);
+            let x_gpu = Tensor::from_slice(ctx, "x", &[rows, cols], &x).unwrap();
+            let bias_gpu = upload(ctx, "bias", &bias);
+            let mut encoder = ctx.encoder("test");
+            add_bias_in_place(ctx, &mut encoder, &x_gpu, &bias_gpu).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(x_gpu.to_f32(ctx)).unwrap();
+            let expected: Vec<f32> = x.iter().enumerate().map(|(i, v)| v + bias[i % cols]).collect();
+            assert_close(&format!("add bias {rows}x{cols}"), &got, &expected, ARITHMETIC_TOLERANCE);
+        }
+        let x = Tensor::empty(ctx, "x", &[3, 8]).unwrap();
+        let wrong = Tensor::empty(ctx, "bias", &[3]).unwrap();
+        let err = add_bias_in_place(ctx, &mut ctx.encoder("test"), &x, &wrong).unwrap_err();
+        assert!(err.to_string().contains("bias length"), "{err}");
     }
 
     #[test]

@@ -26,6 +26,12 @@ impl Detokenizer {
         Detokenizer { skip_special, pending: Vec::new(), tokens_seen: 0 }
     }
 
+    /// A detokenizer for the tokens generated after a prompt: a continuation keeps the leading
+    /// space that the first token of a text loses.
+    pub fn after_prompt(skip_special: bool) -> Self {
+        Detokenizer { skip_special, pending: Vec::new(), tokens_seen: 1 }
+    }
+
     /// Decodes the next token of the stream and returns the text it completes (possibly
     /// empty). Use the same tokenizer for every token of a stream. An id outside the
     /// vocabulary is an error and leaves the state unchanged.

@@ -1,0 +1,214 @@
+//! One sequence at a time: generating a continuation of a prompt, and scoring a text
+//! (perplexity). The batched, streaming engine builds on the same model calls.
+
+use serde::Serialize;
+
+use crate::model::{LogitRows, Model, SequenceChunk};
+use crate::sample::{Sampler, SamplingParams, log_softmax};
+use crate::tokenizer::{Detokenizer, Tokenizer};
+use crate::{Error, Result};
+
+/// Tokens of a prompt processed in one forward pass: bounds the activations' memory and keeps
+/// each submission short.
+pub const PREFILL_CHUNK_TOKENS: usize = 256;
+
+/// Why generation ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum FinishReason {
+    /// The model produced an end-of-generation token (`matched`).
+    Stop {
+        /// The token that ended it.
+        matched: u32,
+    },
+    /// `max_new_tokens` were generated.
+    Length,
+}
+
+/// The result of [`generate`].
+#[derive(Clone, Debug, Serialize)]
+pub struct Generation {
+    /// The generated text (without the end-of-generation token's text).
+    pub text: String,
+    /// The generated token ids, the end-of-generation token included when there was one.
+    pub output_ids: Vec<u32>,
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+}
+
+/// Generates a continuation of `prompt_ids`, calling `on_text(new_text, new_ids)` after every
+/// token (the text is empty while a character is incomplete). `fallback_seed` seeds the sampler
+/// when the parameters have no seed. A prompt that is empty, has an id outside the vocabulary,
+/// or leaves no room for `max_new_tokens` in the model's context is an error before any work.
+pub async fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    prompt_ids: &[u32],
+    params: SamplingParams,
+    fallback_seed: u64,
+    on_text: &mut dyn FnMut(&str, &[u32]),
+) -> Result<Generation> {
+    let mut sampler = Sampler::new(params, fallback_seed)?;
+    let max_new_tokens = sampler.params().max_new_tokens;
+    let context = model.config().context_length;
+    check_prompt(model, prompt_ids)?;
+    if prompt_ids.len() + max_new_tokens > context {
+        return Err(Error::InvalidParameter {
+            field: "max_new_tokens",
+            reason: format!(
+                "the prompt has {} tokens and {max_new_tokens} new tokens were asked for, more than the \
+                 model's context of {context} tokens; ask for at most {} new tokens or shorten the prompt",
+                prompt_ids.len(),
+                context.saturating_sub(prompt_ids.len())
+            ),
+        });
+    }
+    let mut cache = model.new_kv_cache(Some(prompt_ids.len() + max_new_tokens.max(1)))?;
+    let mut table = cache.new_sequence();
+    cache.append(&mut table, prompt_ids.len())?;
+    let mut logits = None;
+    for (index, chunk) in prompt_ids.chunks(PREFILL_CHUNK_TOKENS).enumerate() {
+        let last = (index + 1) * PREFILL_CHUNK_TOKENS >= prompt_ids.len();
+        let rows = if last { LogitRows::Last } else { LogitRows::None };
+        let chunk = SequenceChunk {
+            table: &table,
+            tokens: chunk,
+            first_position: index * PREFILL_CHUNK_TOKENS,
+            logits: rows,
+        };
+        logits = Some(model.forward(&cache, &[chunk])?);
+    }
+
+    let mut detokenizer = Detokenizer::after_prompt(true);
+    let mut generation = Generation {
+        text: String::new(),
+        output_ids: Vec::new(),
+        prompt_tokens: prompt_ids.len(),
+        completion_tokens: 0,
+        finish_reason: FinishReason::Length,
+    };
+    while generation.output_ids.len() < max_new_tokens {
+        let row = match logits.take() {
+            Some(tensor) => tensor.to_f32(model.gpu()).await?,
+            None => break,
+        };
+        let token = sampler.sample(&row)?;
+        generation.output_ids.push(token);
+        if tokenizer.is_end_of_generation(token) {
+            generation.finish_reason = FinishReason::Stop { matched: token };
+            on_text("", &[token]);
+            break;
+        }
+        let piece = detokenizer.push(tokenizer, token)?;
+        generation.text.push_str(&piece);
+        on_text(&piece, &[token]);
+        if generation.output_ids.len() < max_new_tokens {
+            let position = cache.append(&mut table, 1)?.start;
+            let step = SequenceChunk {
+                table: &table,
+                tokens: &[token],
+                first_position: position,
+                logits: LogitRows::Last,
+            };
+            logits = Some(model.forward(&cache, &[step])?);
+        }
+    }
+    let rest = detokenizer.finish();
+    if !rest.is_empty() {
+        generation.text.push_str(&rest);
+        on_text(&rest, &[]);
+    }
+    generation.completion_tokens = generation.output_ids.len();
+    cache.release(table);
+    Ok(generation)
+}
+
+/// The result of [`perplexity`].
+#[derive(Clone, Debug, Serialize)]
+pub struct Perplexity {
+    /// exp of the mean negative log-likelihood.
+    pub ppl: f64,
+    /// Tokens whose likelihood was scored.
+    pub scored_tokens: usize,
+    /// Windows evaluated.
+    pub windows: usize,
+    /// Tokens per window.
+    pub ctx: usize,
+}
+
+/// Perplexity as llama.cpp's reference defines it: consecutive windows of `ctx` tokens of
+/// `ids`, at most `max_windows` of them, each from an empty cache; the mean negative
+/// log-likelihood of every token of a window but its first; exp of that mean.
+/// `on_window(done, total)` reports progress.
+pub async fn perplexity(
+    model: &Model,
+    ids: &[u32],
+    ctx: usize,
+    max_windows: usize,
+    on_window: &mut dyn FnMut(usize, usize),
+) -> Result<Perplexity> {
+    let context = model.config().context_length;
+    if ctx < 2 || ctx > context {
+        return Err(Error::InvalidParameter {
+            field: "ctx",
+            reason: format!("{ctx} must be at least 2 and at most the model's context of {context} tokens"),
+        });
+    }
+    let windows = (ids.len() / ctx).min(max_windows);
+    if windows == 0 {
+        return Err(Error::InvalidParameter {
+            field: "ctx",
+            reason: format!("the text has {} tokens, fewer than one window of {ctx}", ids.len()),
+        });
+    }
+    check_prompt(model, &ids[..windows * ctx])?;
+    let mut cache = model.new_kv_cache(Some(ctx))?;
+    // Logits of a pass must fit one binding: split a window into passes of at most that many rows.
+    let rows_per_pass = model.max_logit_rows().clamp(1, PREFILL_CHUNK_TOKENS);
+    let mut nll = 0.0f64;
+    let mut scored = 0usize;
+    for (window_index, window) in ids.chunks_exact(ctx).take(windows).enumerate() {
+        let mut table = cache.new_sequence();
+        cache.append(&mut table, ctx)?;
+        for (pass, tokens) in window.chunks(rows_per_pass).enumerate() {
+            let first = pass * rows_per_pass;
+            let chunk =
+                SequenceChunk { table: &table, tokens, first_position: first, logits: LogitRows::All };
+            let logits = model.forward(&cache, &[chunk])?.to_f32(model.gpu()).await?;
+            for (offset, row) in logits.chunks_exact(model.config().vocab_size).enumerate() {
+                if let Some(&next) = window.get(first + offset + 1) {
+                    nll -= log_softmax(row)[next as usize];
+                    scored += 1;
+                }
+            }
+        }
+        cache.release(table);
+        on_window(window_index + 1, windows);
+    }
+    Ok(Perplexity { ppl: (nll / scored as f64).exp(), scored_tokens: scored, windows, ctx })
+}
+
+fn check_prompt(model: &Model, ids: &[u32]) -> Result<()> {
+    let vocab = model.config().vocab_size;
+    if ids.is_empty() {
+        return Err(Error::InvalidParameter { field: "prompt", reason: "the prompt has no tokens".into() });
+    }
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(Error::TokenOutOfVocabulary { id: bad, vocab_size: vocab });
+    }
+    let context = model.config().context_length;
+    if ids.len() > context {
+        return Err(Error::InvalidParameter {
+            field: "prompt",
+            reason: format!(
+                "the prompt has {} tokens, more than the model's context of {context}",
+                ids.len()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! The paged KV cache: every layer's keys and values in fixed-size blocks of tokens, a free list
+//! of blocks, and one block table per sequence.
+//!
+//! A [`KvCache`] owns, per layer, a K and a V tensor `[num_blocks, block_size, n_kv_heads,
+//! head_dim]` (the [`KvCacheLayer`] the attention kernels read) and a [`BlockAllocator`]. A
+//! sequence's [`KvBlockTable`] lists the blocks it owns in position order: its token at
+//! position `p` lives in slot `blocks[p / block_size] * block_size + p % block_size` of every
+//! layer. [`KvCache::append`] reserves slots for new tokens (taking blocks from the free list
+//! as the sequence crosses block boundaries) before a forward pass writes them, and
+//! [`KvCache::release`] returns a finished sequence's blocks.
+//!
+//! The cache knows nothing of models or requests: the scheduler decides who appends and who is
+//! released, the model's forward pass writes and reads the slots.
+//!
+//! ```no_run
+//! # async fn example() -> flint_core::Result<()> {
+//! use flint_core::gpu::{GpuContext, GpuOptions};
+//! use flint_core::kv::{KvCache, KvCacheShape};
+//!
+//! let ctx = GpuContext::new(&GpuOptions::default()).await?;
+//! let shape = KvCacheShape { layers: 30, kv_heads: 3, head_dim: 64 };
+//! let mut cache = KvCache::new(&ctx, shape, 16, 4096)?;
+//! let mut sequence = cache.new_sequence();
+//! let prompt_positions = cache.append(&mut sequence, 21)?; // positions 0..21, in 2 blocks
+//! assert_eq!(prompt_positions, 0..21);
+//! assert_eq!(sequence.blocks().len(), 2);
+//! cache.release(sequence);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::ops::Range;
+
+use crate::gpu::{GpuContext, Tensor};
+use crate::kernels::attention::KvCacheLayer;
+use crate::{Error, Result};
+
+/// What one token's keys and values look like in every layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheShape {
+    /// Transformer layers, each with its own K and V.
+    pub layers: usize,
+    /// Key/value heads per token.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
+
+impl KvCacheShape {
+    /// Bytes of one token's keys (or values) in one layer: f32 elements.
+    pub fn token_bytes_per_layer(&self) -> u64 {
+        (self.kv_heads * self.head_dim * 4) as u64
+    }
+}
+
+/// A free list of block ids `0 .. num_blocks`.
+///
+/// Blocks are handed out lowest id first, so a fresh cache fills from the front.
+#[derive(Clone, Debug)]
+pub struct BlockAllocator {
+    /// Free block ids, the next one to hand out last.
+    free: Vec<u32>,
+    num_blocks: usize,
+}
+
+impl BlockAllocator {
+    /// An allocator with every one of `num_blocks` blocks free.
+    pub fn new(num_blocks: u32) -> Self {
+        BlockAllocator { free: (0..num_blocks).rev().collect(), num_blocks: num_blocks as usize }
+    }
+
+    /// Takes a free block, or `None` when every block is in use.
+    pub fn allocate(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    /// Returns a block to the free list. The block must come from [`BlockAllocator::allocate`]
+    /// and not be free already.
+    pub fn release(&mut self, block: u32) {
+        debug_assert!((block as usize) < self.num_blocks && !self.free.contains(&block), "block {block}");
+        self.free.push(block);
+    }
+
+    /// Blocks not in use.
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Every block, free or not.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+}
+
+/// The blocks of one sequence's keys and values, in position order, and how many token
+/// positions have been reserved in them.
+///
+/// A table comes from [`KvCache::new_sequence`] and goes back with [`KvCache::release`]; a table
+/// dropped without being released keeps its blocks out of the free list.
+#[derive(Debug)]
+pub struct KvBlockTable {
+    blocks: Vec<u32>,
+    tokens: usize,
+    block_size_tokens: usize,
+}
+
+impl KvBlockTable {
+    /// The block ids, in position order.
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    /// Positions reserved so far: the sequence's tokens occupy positions `0 .. tokens()`.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Tokens per block.
+    pub fn block_size_tokens(&self) -> usize {
+        self.block_size_tokens
+    }
+
+    /// The cache slot (`block * block_size + offset`) of the token at `position`, or `None` when
+    /// the position has not been reserved.
+    pub fn slot(&self, position: usize) -> Option<u32> {
+        if position >= self.tokens {
+            return None;
+        }
+        let block = self.blocks[position / self.block_size_tokens] as usize;
+        u32::try_from(block * self.block_size_tokens + position % self.block_size_tokens).ok()
+    }
+}
+
+/// One layer's keys and values on the GPU.
+struct LayerTensors {
+    k: Tensor,
+    v: Tensor,
+}
+
+/// The paged KV cache of one model on one GPU (see the module documentation).
+pub struct KvCache {
+    shape: KvCacheShape,
+    block_size_tokens: usize,
+    layers: Vec<LayerTensors>,
+    allocator: BlockAllocator,
+}
+
+impl KvCache {
+    /// A cache for `shape` with room for `capacity_tokens` tokens (rounded up to whole blocks of
+    /// `block_size_tokens`) across all sequences.
+    ///
+    /// Each layer's K and V must fit one storage binding (the attention kernels bind a layer
+    /// whole): an error says how many tokens would fit on this device.
+    pub fn new(
+        ctx: &GpuContext,
+        shape: KvCacheShape,
+        block_size_tokens: usize,
+        capacity_tokens: usize,
+    ) -> Result<Self> {
+        let invalid = |reason: String| Error::KernelArguments { kernel: "KvCache::new", reason };
+        if shape.layers == 0 || shape.kv_heads == 0 || shape.head_dim == 0 {
+            return Err(invalid(format!("the shape {shape:?} has an empty dimension")));
+        }
+        if block_size_tokens == 0 || capacity_tokens == 0 {
+            return Err(invalid(format!(
+                "blocks of {block_size_tokens} tokens and a capacity of {capacity_tokens} tokens: both must \
+                 be at least 1"
+            )));
+        }
+        let num_blocks = capacity_tokens.div_ceil(block_size_tokens);
+        let layer_bytes = (num_blocks * block_size_tokens) as u64 * shape.token_bytes_per_layer();
+        let max_bytes = ctx.max_binding_bytes();
+        if layer_bytes > max_bytes {
+            let fitting_tokens = max_bytes / shape.token_bytes_per_layer();
+            return Err(Error::TooLarge {
+                name: "KV cache layer".into(),
+                bytes: layer_bytes,
+                reason: format!(
+                    "a layer's keys must fit one storage binding of {max_bytes} bytes, which holds {fitting_tokens} \
+                     tokens of {} bytes: ask for a smaller token budget",
+                    shape.token_bytes_per_layer()
+                ),
+            });
+        }
+        let num_blocks = u32::try_from(num_blocks)
+            .map_err(|_| invalid(format!("{num_blocks} blocks overflow u32 block ids")))?;
+        let dims = [num_blocks as usize, block_size_tokens, shape.kv_heads, shape.head_dim];
+        let layers = (0..shape.layers)
+            .map(|layer| {
+                Ok(LayerTensors {
+                    k: Tensor::empty(ctx, &format!("kv cache layer {layer} keys"), &dims)?,
+                    v: Tensor::empty(ctx, &format!("kv cache layer {layer} values"), &dims)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { shape, block_size_tokens, layers, allocator: BlockAllocator::new(num_blocks) })
+    }
+
+    /// The shape of a token's keys and values.
+    pub fn shape(&self) -> KvCacheShape {
+        self.shape
+    }
+
+    /// Tokens per block.
+    pub fn block_size_tokens(&self) -> usize {
+        self.block_size_tokens
+    }
+
+    /// Every block, free or not.
+    pub fn num_blocks(&self) -> usize {
+        self.allocator.num_blocks()
+    }
+
+    /// Blocks not owned by any sequence.
+    pub fn free_blocks(&self) -> usize {
+        self.allocator.free_blocks()
+    }
+
+    /// Tokens the whole cache holds.
+    pub fn capacity_tokens(&self) -> usize {
+        self.num_blocks() * self.block_size_tokens
+    }
+
+    /// Layer `layer`'s K and V, as the attention kernels take them.
+    ///
+    /// # Panics
+    /// When `layer` is not below [`KvCacheShape::layers`].
+    pub fn layer(&self, layer: usize) -> KvCacheLayer<'_> {
+        let tensors = &self.layers[layer];
+        KvCacheLayer { k: &tensors.k, v: &tensors.v }
+    }
+
+    /// An empty block table for a new sequence.
+    pub fn new_sequence(&self) -> KvBlockTable {
+        KvBlockTable { blocks: Vec::new(), tokens: 0, block_size_tokens: self.block_size_tokens }
+    }
+
+    /// Reserves the next `tokens` positions of `table`'s sequence, taking blocks from the free
+    /// list as needed; returns the new positions. When too few blocks are free it fails with
+    /// [`Error::KvCacheFull`] and changes nothing.
+    pub fn append(&mut self, table: &mut KvBlockTable, tokens: usize) -> Result<Range<usize>> {
+        if table.block_size_tokens != self.block_size_tokens {
+            return Err(Error::InvalidBatch(format!(
+                "the block table has blocks of {} tokens but this cache's are {}: it belongs to another cache",
+                table.block_size_tokens, self.block_size_tokens
+            )));
+        }
+        let end = table.tokens + tokens;
+        let needed_blocks = end.div_ceil(self.block_size_tokens).saturating_sub(table.blocks.len());
+        if needed_blocks > self.allocator.free_blocks() {
+            return Err(Error::KvCacheFull {
+                needed_blocks,
+                free_blocks: self.allocator.free_blocks(),
+                block_size_tokens: self.block_size_tokens,
+            });
+        }
+        for _ in 0..needed_blocks {
+            // Cannot fail: there were enough free blocks.
+            table.blocks.extend(self.allocator.allocate());
+        }
+        let positions = table.tokens..end;
+        table.tokens = end;
+        Ok(positions)
+    }
+
+    /// Returns the blocks of a finished (or aborted) sequence to the free list.
+    pub fn release(&mut self, table: KvBlockTable) {
+        for block in table.blocks {
+            self.allocator.release(block);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::gpu;
+
+    const SHAPE: KvCacheShape = KvCacheShape { layers: 2, kv_heads: 3, head_dim: 8 };
+
+    #[test]
+    fn appends_take_blocks_at_block_boundaries_and_release_returns_them() {
+        let mut cache = KvCache::new(gpu(), SHAPE, 4, 21).unwrap();
+        assert_eq!((cache.num_blocks(), cache.capacity_tokens()), (6, 24));
+        let (mut a, mut b) = (cache.new_sequence(), cache.new_sequence());
+        assert_eq!(cache.append(&mut a, 3).unwrap(), 0..3);
+        assert_eq!(a.blocks(), [0]);
+        assert_eq!(cache.append(&mut b, 5).unwrap(), 0..5);
+        assert_eq!(b.blocks(), [1, 2]);
+        assert_eq!(cache.append(&mut a, 1).unwrap(), 3..4);
+        assert_eq!(a.blocks(), [0], "position 3 is the last of block 0");
+        assert_eq!(cache.append(&mut a, 2).unwrap(), 4..6);
+        assert_eq!(a.blocks(), [0, 3]);
+        assert_eq!(cache.free_blocks(), 2);
+
+        assert_eq!(a.slot(0), Some(0));
+        assert_eq!(a.slot(5), Some(3 * 4 + 1));
+        assert_eq!(b.slot(4), Some(2 * 4));
+        assert_eq!(a.slot(6), None, "not reserved");
+
+        cache.release(b);
+        assert_eq!(cache.free_blocks(), 4);
+        let mut c = cache.new_sequence();
+        cache.append(&mut c, 16).unwrap();
+        assert_eq!(c.blocks().len(), 4);
+        assert_eq!(cache.free_blocks(), 0);
+    }
+
+    #[test]
+    fn a_full_cache_is_an_error_that_changes_nothing() {
+        let mut cache = KvCache::new(gpu(), SHAPE, 4, 8).unwrap();
+        let mut a = cache.new_sequence();
+        cache.append(&mut a, 6).unwrap();
+        let mut b = cache.new_sequence();
+        let err = cache.append(&mut b, 5).unwrap_err();
+        assert!(
+            matches!(err, Error::KvCacheFull { needed_blocks: 2, free_blocks: 0, block_size_tokens: 4 }),
+            "{err}"
+        );
+        assert!(b.blocks().is_empty() && b.tokens() == 0);
+        // Two more tokens still fit a's second block.
+        assert_eq!(cache.append(&mut a, 2).unwrap(), 6..8);
+        assert!(cache.append(&mut a, 1).is_err());
+        assert_eq!(a.tokens(), 8);
+    }
+
+    #[test]
+    fn tables_of_another_cache_are_refused() {
+        let mut small_blocks = KvCache::new(gpu(), SHAPE, 4, 8).unwrap();
+        let other = KvCache::new(gpu(), SHAPE, 16, 32).unwrap();
+        let mut table = other.new_sequence();
+        assert!(small_blocks.append(&mut table, 1).is_err());
+    }
+
+    #[test]
+    fn layers_have_the_kernels_shape_and_oversized_caches_are_errors() {
+        let cache = KvCache::new(gpu(), SHAPE, 4, 9).unwrap();
+        assert_eq!(cache.layer(1).k.shape(), [3, 4, 3, 8]);
+        assert_eq!(cache.layer(0).v.shape(), [3, 4, 3, 8]);
+        let huge = KvCacheShape { layers: 1, kv_heads: 8, head_dim: 128 };
+        let tokens = (gpu().max_binding_bytes() / huge.token_bytes_per_layer()) as usize + 1;
+        let err = KvCache::new(gpu(), huge, 16, tokens).err().unwrap();
+        assert!(err.to_string().contains("smaller token budget"), "{err}");
+        assert!(KvCache::new(gpu(), SHAPE, 0, 8).is_err());
+    }
+}

@@ -1,0 +1,218 @@
+//! The input of one forward pass, checked and uploaded: which tokens, at which positions, in
+//! which cache slots, attending to which blocks, and which rows need logits.
+
+use std::ops::Range;
+
+use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::kernels::attention::{self, AttentionOptions, DecodeBatch, KvCacheLayer, PrefillBatch};
+use crate::kernels::matmul::matmul;
+use crate::kernels::norm::{RmsNorm, rms_norm_in_place};
+use crate::kv::{KvBlockTable, KvCache};
+use crate::{Error, Result};
+
+/// Which of a chunk's tokens get a row of logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None: a chunk of a prompt whose next token is not wanted yet (chunked prefill).
+    None,
+    /// The last token only: the next token of a prompt or of a decode step.
+    Last,
+    /// Every token: prompt log-probabilities, perplexity.
+    All,
+}
+
+/// Consecutive tokens of one sequence, processed in one forward pass.
+///
+/// Their positions are `first_position ..`, and the sequence's block table must have reserved
+/// them already ([`KvCache::append`]); every earlier position must hold the keys and values of
+/// an earlier forward pass (or of an earlier chunk of this batch).
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceChunk<'a> {
+    /// The sequence's blocks in the KV cache.
+    pub table: &'a KvBlockTable,
+    /// Token ids, each below the vocabulary size; at least one.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]` in the sequence.
+    pub first_position: usize,
+    /// Which tokens get logits.
+    pub logits: LogitRows,
+}
+
+/// The attention inputs of a step: the decode kernel when every chunk is one token, the
+/// prefill kernel otherwise.
+enum StepAttention {
+    Decode { context_lens: Tensor, block_table: Tensor },
+    Prefill { seq_ids: Tensor, block_table: Tensor },
+}
+
+/// A batch on the GPU: the per-token inputs every layer shares.
+pub(crate) struct Step {
+    /// u32 `[n_tokens]`.
+    pub token_ids: Tensor,
+    /// u32 `[n_tokens]`: each token's position in its sequence.
+    pub positions: Tensor,
+    /// u32 `[n_tokens]`: each token's slot in the KV cache.
+    pub slots: Tensor,
+    attention: StepAttention,
+    /// Runs of consecutive rows that get logits.
+    logit_runs: Vec<Range<usize>>,
+    n_logit_rows: usize,
+}
+
+impl Step {
+    /// Checks `chunks` against the vocabulary and `cache`, and uploads their inputs.
+    pub fn new(
+        ctx: &GpuContext,
+        vocab_size: usize,
+        cache: &KvCache,
+        chunks: &[SequenceChunk<'_>],
+    ) -> Result<Self> {
+        if chunks.is_empty() {
+            return Err(Error::InvalidBatch("the batch has no sequences".into()));
+        }
+        let block_size = cache.block_size_tokens();
+        let (mut token_ids, mut positions, mut slots, mut seq_ids) = (vec![], vec![], vec![], vec![]);
+        let mut logit_runs: Vec<Range<usize>> = Vec::new();
+        let mut max_blocks = 1;
+        for (index, chunk) in chunks.iter().enumerate() {
+            let invalid =
+                |reason: String| Error::InvalidBatch(format!("sequence {index} of the batch: {reason}"));
+            if chunk.tokens.is_empty() {
+                return Err(invalid("has no tokens".into()));
+            }
+            if chunk.table.block_size_tokens() != block_size
+                || chunk.table.blocks().iter().any(|&b| b as usize >= cache.num_blocks())
+            {
+                return Err(invalid("its block table belongs to another KV cache".into()));
+            }
+            if let Some(&bad) = chunk.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+                return Err(invalid(format!(
+                    "token id {bad} is outside the vocabulary of {vocab_size} tokens"
+                )));
+            }
+            let end = chunk.first_position + chunk.tokens.len();
+            if end > chunk.table.tokens() {
+                return Err(invalid(format!(
+                    "positions {}..{end} are not all reserved in its block table ({} are): append them to the \
+                     KV cache first",
+                    chunk.first_position,
+                    chunk.table.tokens()
+                )));
+            }
+            max_blocks = max_blocks.max(end.div_ceil(block_size));
+            let first_row = token_ids.len();
+            for (offset, &token) in chunk.tokens.iter().enumerate() {
+                let position = chunk.first_position + offset;
+                // Reserved, so the slot exists; positions fit u32 because slots do.
+                let slot =
+                    chunk.table.slot(position).ok_or_else(|| invalid(format!("position {position}")))?;
+                token_ids.push(token);
+                positions.push(position as u32);
+                slots.push(slot);
+                seq_ids.push(index as u32);
+            }
+            let rows = match chunk.logits {
+                LogitRows::None => None,
+                LogitRows::Last => Some(token_ids.len() - 1..token_ids.len()),
+                LogitRows::All => Some(first_row..token_ids.len()),
+            };
+            match (rows, logit_runs.last_mut()) {
+                (Some(rows), Some(last)) if last.end == rows.start => last.end = rows.end,
+                (Some(rows), _) => logit_runs.push(rows),
+                (None, _) => {}
+            }
+        }
+        // One row of block ids per chunk, padded with block 0 (never read: the kernels stop at
+        // each row's own positions).
+        let mut block_table = vec![0u32; chunks.len() * max_blocks];
+        for (row, chunk) in block_table.chunks_exact_mut(max_blocks).zip(chunks) {
+            let used = (chunk.first_position + chunk.tokens.len()).div_ceil(block_size);
+            row[..used].copy_from_slice(&chunk.table.blocks()[..used]);
+        }
+        let n_tokens = token_ids.len();
+        let block_table = Tensor::from_slice(ctx, "block table", &[chunks.len(), max_blocks], &block_table)?;
+        let attention = if n_tokens == chunks.len() {
+            let context_lens: Vec<u32> = positions.iter().map(|p| p + 1).collect();
+            StepAttention::Decode {
+                context_lens: Tensor::from_slice(ctx, "context lengths", &[n_tokens], &context_lens)?,
+                block_table,
+            }
+        } else {
+            StepAttention::Prefill {
+                seq_ids: Tensor::from_slice(ctx, "sequence ids", &[n_tokens], &seq_ids)?,
+                block_table,
+            }
+        };
+        Ok(Step {
+            token_ids: Tensor::from_slice(ctx, "token ids", &[n_tokens], &token_ids)?,
+            positions: Tensor::from_slice(ctx, "positions", &[n_tokens], &positions)?,
+            slots: Tensor::from_slice(ctx, "kv slots", &[n_tokens], &slots)?,
+            attention,
+            n_logit_rows: logit_runs.iter().map(ExactSizeIterator::len).sum(),
+            logit_runs,
+        })
+    }
+
+    /// Tokens in the batch.
+    pub fn n_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Records causal attention of the queries `q` (`[n_tokens, n_heads * head_dim]`, already
+    /// rotated) over `cache`, whose slots already hold this step's keys and values, into `out`.
+    pub fn attention(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        q: &Tensor,
+        cache: &KvCacheLayer<'_>,
+        options: &AttentionOptions,
+        out: &Tensor,
+    ) -> Result<()> {
+        match &self.attention {
+            StepAttention::Decode { context_lens, block_table } => {
+                let batch = DecodeBatch { context_lens, block_table };
+                attention::decode(ctx, encoder, q, cache, &batch, options, out)
+            }
+            StepAttention::Prefill { seq_ids, block_table } => {
+                let batch = PrefillBatch { seq_ids, positions: &self.positions, block_table };
+                attention::prefill(ctx, encoder, q, cache, &batch, options, out)
+            }
+        }
+    }
+
+    /// Records the model's head on the rows that need logits: those rows of the final hidden
+    /// state `hidden` (`[n_tokens, width]`) are gathered, normalised by `output_norm`, and
+    /// projected by `lm_head` into logits `[n_logit_rows, vocab]`.
+    pub fn logits(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        hidden: &Tensor,
+        output_norm: &RmsNorm<'_>,
+        lm_head: &QuantMatrix,
+    ) -> Result<Tensor> {
+        let logits = Tensor::empty(ctx, "logits", &[self.n_logit_rows, lm_head.rows()])?;
+        if self.n_logit_rows == 0 {
+            return Ok(logits);
+        }
+        let width = lm_head.cols();
+        let selected = Tensor::empty(ctx, "hidden rows with logits", &[self.n_logit_rows, width])?;
+        let row_bytes = (width * 4) as u64;
+        let mut written = 0;
+        for run in &self.logit_runs {
+            let bytes = run.len() as u64 * row_bytes;
+            encoder.copy_buffer_to_buffer(
+                hidden.buffer(),
+                run.start as u64 * row_bytes,
+                selected.buffer(),
+                written,
+                bytes,
+            );
+            written += bytes;
+        }
+        rms_norm_in_place(ctx, encoder, output_norm, &selected)?;
+        matmul(ctx, encoder, lm_head, &selected, &logits)?;
+        Ok(logits)
+    }
+}

@@ -1,0 +1,172 @@
+//! Gemma 3's text model (`gemma3`), as llama.cpp runs it.
+//!
+//! ```text
+//! x = embed(tokens) * sqrt(hidden)
+//! per layer (local: sliding window, rope base 10000; every 6th global: full causal, 1e6):
+//!     h = rms_norm(x)
+//!     q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ
+//!     q, k = rms_norm per head
+//!     q, k = rope(q), rope(k)
+//!     cache[slots] = k, v
+//!     x += rms_norm(attention(q, cache)·Woᵀ)                  (post-attention norm)
+//!     h = rms_norm(x)
+//!     x += rms_norm((gelu_tanh(h·Wgateᵀ) * h·Wupᵀ)·Wdownᵀ)    (post-FFN norm)
+//! logits = rms_norm(x)·Eᵀ                                     (tied to the embedding E)
+//! ```
+//!
+//! Gemma's checkpoints scale by `1 + w` in every RMSNorm; llama.cpp's converter adds the 1 to
+//! the weights it writes (the norms of gemma-3-270m's GGUF average 2 to 26, not 0 to 1), so
+//! the GGUF weights scale as they are ([`NormWeight::Scale`]).
+
+use crate::Result;
+use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::kernels::attention::{AttentionOptions, store_kv};
+use crate::kernels::elementwise::{GatedActivation, add_in_place, gated_activation_in_place, scale_in_place};
+use crate::kernels::embedding::embedding;
+use crate::kernels::matmul::matmul;
+use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place};
+use crate::kernels::rope::{Rope, RopeConfig, rope};
+use crate::kv::KvCache;
+use crate::model::Activations;
+use crate::model::batch::Step;
+use crate::model::config::{ModelConfig, RopeSettings};
+use crate::model::weights::WeightLoader;
+
+struct Layer {
+    attn_norm: Tensor,
+    attn_q: QuantMatrix,
+    attn_k: QuantMatrix,
+    attn_v: QuantMatrix,
+    /// Per-head norms of the queries and keys, `[head_dim]` each.
+    attn_q_norm: Tensor,
+    attn_k_norm: Tensor,
+    attn_output: QuantMatrix,
+    post_attention_norm: Tensor,
+    ffn_norm: Tensor,
+    ffn_gate: QuantMatrix,
+    ffn_up: QuantMatrix,
+    ffn_down: QuantMatrix,
+    post_ffw_norm: Tensor,
+    /// Sliding-window (local) attention, or global.
+    local: bool,
+}
+
+/// The weights of a Gemma 3 model on the GPU.
+pub(crate) struct Gemma3 {
+    config: ModelConfig,
+    token_embd: QuantMatrix,
+    layers: Vec<Layer>,
+    output_norm: Tensor,
+    /// `None` when tied to the token embedding (as in every Gemma 3).
+    output: Option<QuantMatrix>,
+    global_rope: Rope,
+    local_rope: Rope,
+}
+
+impl Gemma3 {
+    /// Uploads the weights of a `gemma3` model.
+    pub fn load(weights: &WeightLoader<'_>, config: &ModelConfig) -> Result<Self> {
+        let ModelConfig { hidden, ffn, head_dim, .. } = *config;
+        let (q_width, kv_width) = (config.n_heads * head_dim, config.n_kv_heads * head_dim);
+        let layers = (0..config.n_layers)
+            .map(|i| {
+                let name = |suffix: &str| format!("blk.{i}.{suffix}");
+                Ok(Layer {
+                    attn_norm: weights.vector(&name("attn_norm.weight"), hidden)?,
+                    attn_q: weights.matrix(&name("attn_q.weight"), q_width, hidden)?,
+                    attn_k: weights.matrix(&name("attn_k.weight"), kv_width, hidden)?,
+                    attn_v: weights.matrix(&name("attn_v.weight"), kv_width, hidden)?,
+                    attn_q_norm: weights.vector(&name("attn_q_norm.weight"), head_dim)?,
+                    attn_k_norm: weights.vector(&name("attn_k_norm.weight"), head_dim)?,
+                    attn_output: weights.matrix(&name("attn_output.weight"), hidden, q_width)?,
+                    post_attention_norm: weights.vector(&name("post_attention_norm.weight"), hidden)?,
+                    ffn_norm: weights.vector(&name("ffn_norm.weight"), hidden)?,
+                    ffn_gate: weights.matrix(&name("ffn_gate.weight"), ffn, hidden)?,
+                    ffn_up: weights.matrix(&name("ffn_up.weight"), ffn, hidden)?,
+                    ffn_down: weights.matrix(&name("ffn_down.weight"), hidden, ffn)?,
+                    post_ffw_norm: weights.vector(&name("post_ffw_norm.weight"), hidden)?,
+                    local: config.is_sliding_window_layer(i),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let rope = |settings: RopeSettings| {
+            Rope::new(
+                weights.ctx,
+                &RopeConfig {
+                    head_dim,
+                    rotated_dims: config.rope_dims,
+                    base: settings.base,
+                    freq_scale: settings.freq_scale,
+                    layout: config.rope_layout,
+                    freq_factors: None,
+                },
+            )
+        };
+        Ok(Gemma3 {
+            config: config.clone(),
+            token_embd: weights.matrix("token_embd.weight", config.vocab_size, hidden)?,
+            layers,
+            output_norm: weights.vector("output_norm.weight", hidden)?,
+            output: (!config.tied_output)
+                .then(|| weights.matrix("output.weight", config.vocab_size, hidden))
+                .transpose()?,
+            global_rope: rope(config.rope)?,
+            local_rope: rope(config.sliding_window.map_or(config.rope, |swa| swa.rope))?,
+        })
+    }
+
+    fn norm<'a>(&self, weight: &'a Tensor) -> RmsNorm<'a> {
+        RmsNorm { weight, convention: NormWeight::Scale, eps: self.config.rms_eps }
+    }
+
+    /// Records the forward pass of `step`; returns the logits of its selected rows.
+    pub fn forward(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        step: &Step,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        let x = Tensor::empty(ctx, "hidden", &[step.n_tokens(), self.config.hidden])?;
+        embedding(ctx, encoder, &self.token_embd, &step.token_ids, &x)?;
+        scale_in_place(ctx, encoder, &x, (self.config.hidden as f32).sqrt())?;
+        let s = Activations::new(ctx, &self.config, step.n_tokens())?;
+        let global =
+            AttentionOptions { scale: self.config.attention_scale, sliding_window: None, softcap: None };
+        let local = AttentionOptions {
+            sliding_window: self.config.sliding_window.map(|swa| swa.window_tokens),
+            ..global
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (rotary, attention) =
+                if layer.local { (&self.local_rope, &local) } else { (&self.global_rope, &global) };
+
+            // Self-attention, normalised before and after.
+            rms_norm(ctx, encoder, &self.norm(&layer.attn_norm), &x, &s.normed)?;
+            matmul(ctx, encoder, &layer.attn_q, &s.normed, &s.q)?;
+            matmul(ctx, encoder, &layer.attn_k, &s.normed, &s.k)?;
+            matmul(ctx, encoder, &layer.attn_v, &s.normed, &s.v)?;
+            rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_q_norm), &s.q)?;
+            rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_k_norm), &s.k)?;
+            rope(ctx, encoder, rotary, &s.q, &step.positions)?;
+            rope(ctx, encoder, rotary, &s.k, &step.positions)?;
+            let kv = cache.layer(i);
+            store_kv(ctx, encoder, &kv, &s.k, &s.v, &step.slots)?;
+            step.attention(ctx, encoder, &s.q, &kv, attention, &s.attention)?;
+            matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
+            rms_norm_in_place(ctx, encoder, &self.norm(&layer.post_attention_norm), &s.projected)?;
+            add_in_place(ctx, encoder, &x, &s.projected)?;
+
+            // Feed-forward (GeGLU), normalised before and after.
+            rms_norm(ctx, encoder, &self.norm(&layer.ffn_norm), &x, &s.normed)?;
+            matmul(ctx, encoder, &layer.ffn_gate, &s.normed, &s.gate)?;
+            matmul(ctx, encoder, &layer.ffn_up, &s.normed, &s.up)?;
+            gated_activation_in_place(ctx, encoder, GatedActivation::GeluTanh, &s.gate, &s.up)?;
+            matmul(ctx, encoder, &layer.ffn_down, &s.gate, &s.projected)?;
+            rms_norm_in_place(ctx, encoder, &self.norm(&layer.post_ffw_norm), &s.projected)?;
+            add_in_place(ctx, encoder, &x, &s.projected)?;
+        }
+        let lm_head = self.output.as_ref().unwrap_or(&self.token_embd);
+        step.logits(ctx, encoder, &x, &self.norm(&self.output_norm), lm_head)
+    }
+}

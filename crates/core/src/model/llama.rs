@@ -1,0 +1,200 @@
+//! The llama family: Llama 2/3, Mistral, SmolLM (`llama`), Qwen 2 (`qwen2`: biases on q, k
+//! and v) and Qwen 3 (`qwen3`: an RMSNorm on every query and key head before the rotation).
+//!
+//! ```text
+//! x = embed(tokens)
+//! per layer:
+//!     h = rms_norm(x)
+//!     q, k, v = h·Wqᵀ (+ bq), h·Wkᵀ (+ bk), h·Wvᵀ (+ bv)
+//!     q, k = rms_norm per head (qwen3)
+//!     q, k = rope(q), rope(k)
+//!     cache[slots] = k, v
+//!     x += attention(q, cache)·Woᵀ
+//!     h = rms_norm(x)
+//!     x += (silu(h·Wgateᵀ) * h·Wupᵀ)·Wdownᵀ
+//! logits = rms_norm(x)·Woutputᵀ       (Woutput = the embedding when the file has none)
+//! ```
+
+use crate::Result;
+use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::kernels::attention::{AttentionOptions, store_kv};
+use crate::kernels::elementwise::{
+    GatedActivation, add_bias_in_place, add_in_place, gated_activation_in_place,
+};
+use crate::kernels::embedding::embedding;
+use crate::kernels::matmul::matmul;
+use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place};
+use crate::kernels::rope::{Rope, RopeConfig, rope};
+use crate::kv::KvCache;
+use crate::model::Activations;
+use crate::model::batch::Step;
+use crate::model::config::{Architecture, ModelConfig};
+use crate::model::weights::WeightLoader;
+
+/// A linear projection, with a bias where the model has one.
+struct Projection {
+    weight: QuantMatrix,
+    bias: Option<Tensor>,
+}
+
+impl Projection {
+    /// `name.weight` as a `rows` × `cols` matrix, and `name.bias` if the file has it (or must
+    /// have it: `bias_required`).
+    fn load(
+        weights: &WeightLoader<'_>,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        bias_required: bool,
+    ) -> Result<Self> {
+        let bias_name = format!("{name}.bias");
+        let bias = if bias_required {
+            Some(weights.vector(&bias_name, rows)?)
+        } else {
+            weights.optional_vector(&bias_name, rows)?
+        };
+        Ok(Projection { weight: weights.matrix(&format!("{name}.weight"), rows, cols)?, bias })
+    }
+
+    /// Records `out = x·Wᵀ + b`.
+    fn forward(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &Tensor,
+        out: &Tensor,
+    ) -> Result<()> {
+        matmul(ctx, encoder, &self.weight, x, out)?;
+        match &self.bias {
+            Some(bias) => add_bias_in_place(ctx, encoder, out, bias),
+            None => Ok(()),
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    /// Qwen 3's per-head norms of the queries and keys, `[head_dim]` each.
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    attn_output: QuantMatrix,
+    ffn_norm: Tensor,
+    ffn_gate: QuantMatrix,
+    ffn_up: QuantMatrix,
+    ffn_down: QuantMatrix,
+}
+
+/// The weights of a llama-family model on the GPU.
+pub(crate) struct Llama {
+    config: ModelConfig,
+    token_embd: QuantMatrix,
+    layers: Vec<Layer>,
+    output_norm: Tensor,
+    /// `None` when tied to the token embedding.
+    output: Option<QuantMatrix>,
+    rope: Rope,
+}
+
+impl Llama {
+    /// Uploads the weights of a `llama`, `qwen2` or `qwen3` model.
+    pub fn load(weights: &WeightLoader<'_>, config: &ModelConfig) -> Result<Self> {
+        let ModelConfig { hidden, ffn, head_dim, .. } = *config;
+        let (q_width, kv_width) = (config.n_heads * head_dim, config.n_kv_heads * head_dim);
+        let qkv_bias = config.architecture == Architecture::Qwen2;
+        let head_norms = config.architecture == Architecture::Qwen3;
+        let layers = (0..config.n_layers)
+            .map(|i| {
+                let name = |suffix: &str| format!("blk.{i}.{suffix}");
+                let head_norm = |suffix: &str| -> Result<Option<Tensor>> {
+                    head_norms.then(|| weights.vector(&name(suffix), head_dim)).transpose()
+                };
+                Ok(Layer {
+                    attn_norm: weights.vector(&name("attn_norm.weight"), hidden)?,
+                    q: Projection::load(weights, &name("attn_q"), q_width, hidden, qkv_bias)?,
+                    k: Projection::load(weights, &name("attn_k"), kv_width, hidden, qkv_bias)?,
+                    v: Projection::load(weights, &name("attn_v"), kv_width, hidden, qkv_bias)?,
+                    q_norm: head_norm("attn_q_norm.weight")?,
+                    k_norm: head_norm("attn_k_norm.weight")?,
+                    attn_output: weights.matrix(&name("attn_output.weight"), hidden, q_width)?,
+                    ffn_norm: weights.vector(&name("ffn_norm.weight"), hidden)?,
+                    ffn_gate: weights.matrix(&name("ffn_gate.weight"), ffn, hidden)?,
+                    ffn_up: weights.matrix(&name("ffn_up.weight"), ffn, hidden)?,
+                    ffn_down: weights.matrix(&name("ffn_down.weight"), hidden, ffn)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Llama 3.1+ divides each rotated pair's frequency by a factor from the file.
+        let freq_factors = weights.optional_values("rope_freqs.weight", config.rope_dims / 2)?;
+        let rope = Rope::new(
+            weights.ctx,
+            &RopeConfig {
+                head_dim,
+                rotated_dims: config.rope_dims,
+                base: config.rope.base,
+                freq_scale: config.rope.freq_scale,
+                layout: config.rope_layout,
+                freq_factors: freq_factors.as_deref(),
+            },
+        )?;
+        Ok(Llama {
+            config: config.clone(),
+            token_embd: weights.matrix("token_embd.weight", config.vocab_size, hidden)?,
+            layers,
+            output_norm: weights.vector("output_norm.weight", hidden)?,
+            output: (!config.tied_output)
+                .then(|| weights.matrix("output.weight", config.vocab_size, hidden))
+                .transpose()?,
+            rope,
+        })
+    }
+
+    fn norm<'a>(&self, weight: &'a Tensor) -> RmsNorm<'a> {
+        RmsNorm { weight, convention: NormWeight::Scale, eps: self.config.rms_eps }
+    }
+
+    /// Records the forward pass of `step`; returns the logits of its selected rows.
+    pub fn forward(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        step: &Step,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        let x = Tensor::empty(ctx, "hidden", &[step.n_tokens(), self.config.hidden])?;
+        embedding(ctx, encoder, &self.token_embd, &step.token_ids, &x)?;
+        let s = Activations::new(ctx, &self.config, step.n_tokens())?;
+        let attention =
+            AttentionOptions { scale: self.config.attention_scale, sliding_window: None, softcap: None };
+        for (i, layer) in self.layers.iter().enumerate() {
+            // Self-attention.
+            rms_norm(ctx, encoder, &self.norm(&layer.attn_norm), &x, &s.normed)?;
+            layer.q.forward(ctx, encoder, &s.normed, &s.q)?;
+            layer.k.forward(ctx, encoder, &s.normed, &s.k)?;
+            layer.v.forward(ctx, encoder, &s.normed, &s.v)?;
+            if let (Some(q_norm), Some(k_norm)) = (&layer.q_norm, &layer.k_norm) {
+                rms_norm_in_place(ctx, encoder, &self.norm(q_norm), &s.q)?;
+                rms_norm_in_place(ctx, encoder, &self.norm(k_norm), &s.k)?;
+            }
+            rope(ctx, encoder, &self.rope, &s.q, &step.positions)?;
+            rope(ctx, encoder, &self.rope, &s.k, &step.positions)?;
+            let kv = cache.layer(i);
+            store_kv(ctx, encoder, &kv, &s.k, &s.v, &step.slots)?;
+            step.attention(ctx, encoder, &s.q, &kv, &attention, &s.attention)?;
+            matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
+            add_in_place(ctx, encoder, &x, &s.projected)?;
+
+            // Feed-forward (SwiGLU).
+            rms_norm(ctx, encoder, &self.norm(&layer.ffn_norm), &x, &s.normed)?;
+            matmul(ctx, encoder, &layer.ffn_gate, &s.normed, &s.gate)?;
+            matmul(ctx, encoder, &layer.ffn_up, &s.normed, &s.up)?;
+            gated_activation_in_place(ctx, encoder, GatedActivation::Silu, &s.gate, &s.up)?;
+            matmul(ctx, encoder, &layer.ffn_down, &s.gate, &s.projected)?;
+            add_in_place(ctx, encoder, &x, &s.projected)?;
+        }
+        let lm_head = self.output.as_ref().unwrap_or(&self.token_embd);
+        step.logits(ctx, encoder, &x, &self.norm(&self.output_norm), lm_head)
+    }
+}
