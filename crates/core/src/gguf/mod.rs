@@ -25,7 +25,7 @@ mod summary;
 mod tensor_info;
 
 #[cfg(test)]
-mod test_writer;
+pub(crate) mod test_writer;
 #[cfg(test)]
 mod tests;
 

@@ -8,7 +8,7 @@ use crate::gguf::{MetadataArray, MetadataValue};
 
 /// Byte positions of the fields of a written file.
 #[derive(Debug, Default)]
-pub(super) struct Layout {
+pub(crate) struct Layout {
     /// The header's tensor count (u64).
     pub tensor_count: usize,
     /// The header's metadata count (u64).
@@ -39,7 +39,7 @@ struct TestTensor {
 }
 
 /// Builds a GGUF file in memory.
-pub(super) struct GgufWriter {
+pub(crate) struct GgufWriter {
     version: u32,
     metadata: Vec<(String, MetadataValue)>,
     tensors: Vec<TestTensor>,
@@ -158,25 +158,25 @@ impl Output {
 
 impl GgufWriter {
     /// An empty file of GGUF `version`.
-    pub(super) fn new(version: u32) -> Self {
+    pub(crate) fn new(version: u32) -> Self {
         GgufWriter { version, metadata: Vec::new(), tensors: Vec::new() }
     }
 
     /// Adds a metadata entry.
-    pub(super) fn metadata(mut self, key: &str, value: MetadataValue) -> Self {
+    pub(crate) fn metadata(mut self, key: &str, value: MetadataValue) -> Self {
         self.metadata.push((key.to_owned(), value));
         self
     }
 
     /// Adds a tensor of GGML type `type_id` with `data` as its bytes.
-    pub(super) fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) -> Self {
+    pub(crate) fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) -> Self {
         self.tensors.push(TestTensor { name: name.to_owned(), dims: dims.to_vec(), type_id, data });
         self
     }
 
     /// The file's bytes and where its fields lie. Tensors are placed back to back in the data
     /// section, each at the next multiple of the alignment, with no padding after the last.
-    pub(super) fn build(&self) -> (Vec<u8>, Layout) {
+    pub(crate) fn build(&self) -> (Vec<u8>, Layout) {
         let alignment = self
             .metadata
             .iter()

@@ -11,6 +11,7 @@ use half::f16;
 
 use super::*;
 use crate::gguf::MetadataValue;
+use crate::gguf::test_writer::GgufWriter;
 use crate::gpu::GpuOptions;
 use crate::kernels::testing::Rng;
 use crate::model::config::Architecture;
@@ -148,52 +149,21 @@ fn metadata(tiny: &Tiny) -> Vec<(String, MetadataValue)> {
     entries
 }
 
-/// A GGUF v3 file: the metadata (u32, f32 and string values), then the tensors, each at the
-/// next multiple of the default alignment.
+/// A GGUF v3 file of `metadata` and `weights` (F32, or F16 where the weight says so).
 fn gguf_bytes(metadata: &[(String, MetadataValue)], weights: &TinyWeights) -> Vec<u8> {
-    fn string(out: &mut Vec<u8>, text: &str) {
-        out.extend((text.len() as u64).to_le_bytes());
-        out.extend(text.as_bytes());
-    }
-    let alignment = crate::gguf::DEFAULT_ALIGNMENT;
-    let mut out = b"GGUF".to_vec();
-    out.extend(3u32.to_le_bytes());
-    out.extend((weights.tensors.len() as u64).to_le_bytes());
-    out.extend((metadata.len() as u64).to_le_bytes());
+    let mut writer = GgufWriter::new(3);
     for (key, value) in metadata {
-        string(&mut out, key);
-        match value {
-            MetadataValue::U32(v) => out.extend(4u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
-            MetadataValue::F32(v) => out.extend(6u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
-            MetadataValue::String(v) => {
-                out.extend(8u32.to_le_bytes());
-                string(&mut out, v);
-            }
-            other => panic!("the tiny writer does not write {other:?}"),
-        }
+        writer = writer.metadata(key, value.clone());
     }
-    let data: Vec<Vec<u8>> = weights
-        .tensors
-        .iter()
-        .map(|(_, _, values, quant)| match quant {
-            QuantType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-            _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        })
-        .collect();
-    let mut offset = 0usize;
-    for ((name, shape, _, quant), bytes) in weights.tensors.iter().zip(&data) {
-        string(&mut out, name);
-        out.extend((shape.len() as u32).to_le_bytes());
-        shape.iter().for_each(|&d| out.extend((d as u64).to_le_bytes()));
-        out.extend(u32::from(*quant == QuantType::F16).to_le_bytes());
-        out.extend((offset as u64).to_le_bytes());
-        offset = (offset + bytes.len()).next_multiple_of(alignment);
+    for (name, shape, values, quant) in &weights.tensors {
+        let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        let (type_id, data) = match quant {
+            QuantType::F16 => (1, values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()),
+            _ => (0, values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        };
+        writer = writer.tensor(name, &dims, type_id, data);
     }
-    for bytes in &data {
-        out.resize(out.len().next_multiple_of(alignment), 0);
-        out.extend(bytes);
-    }
-    out
+    writer.build().0
 }
 
 // ---- the CPU reference ---------------------------------------------------------------------
