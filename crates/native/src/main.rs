@@ -167,8 +167,9 @@ fn load(path: &std::path::Path) -> anyhow::Result<(GgufFile, Tokenizer, Model)> 
 }
 
 fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
-    let started = Instant::now();
     let (file, tokenizer, model) = load(&args.model)?;
+    // The request's latency, as the engine will report it: from the prompt to the last token.
+    let started = Instant::now();
     let prompt_ids: Vec<u32> = match (&args.input_ids, &args.prompt) {
         (Some(json), _) => serde_json::from_str(json)
             .map_err(|e| anyhow::anyhow!("--input-ids must be a JSON array of token ids: {e}"))?,
