@@ -160,15 +160,34 @@ impl QuantType {
     }
 
     /// Bytes of a row of `elements` weights, or `None` when `elements` is not a whole number
-    /// of blocks.
+    /// of blocks or the size does not fit a `usize`.
     pub fn row_bytes(self, elements: usize) -> Option<usize> {
         let block = self.block_elements();
-        elements.is_multiple_of(block).then(|| elements / block * self.block_bytes())
+        if !elements.is_multiple_of(block) {
+            return None;
+        }
+        // Row lengths come from files: a hostile one must not overflow.
+        (elements / block).checked_mul(self.block_bytes())
     }
 }
 
 impl std::fmt::Display for QuantType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod row_bytes_tests {
+    use super::QuantType;
+
+    #[test]
+    fn row_bytes_rejects_partial_blocks_and_overflow() {
+        assert_eq!(QuantType::Q4K.row_bytes(512), Some(288));
+        assert_eq!(QuantType::Q8_0.row_bytes(576), Some(612));
+        assert_eq!(QuantType::Q4K.row_bytes(300), None);
+        assert_eq!(QuantType::F32.row_bytes(usize::MAX / 2), None);
+        assert_eq!(QuantType::F16.row_bytes(usize::MAX / 2 + 1), None);
+        assert_eq!(QuantType::Q6K.row_bytes(usize::MAX / 256 * 256), Some(usize::MAX / 256 * 210));
     }
 }
