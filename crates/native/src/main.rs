@@ -3,7 +3,7 @@
 //! Each subcommand is a variant of [`Command`] and one function here. Errors print as one line
 //! on stderr and exit with status 1; usage errors are clap's (status 2).
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -237,7 +237,13 @@ fn perplexity(args: &PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| anyhow::anyhow!("cannot read '{}': {e}", args.file.display()))?;
     let ids = tokenizer.encode(&text, false, false);
-    let mut on_window = |done: usize, total: usize| eprint!("\rperplexity: window {done}/{total}");
+    // Progress on a terminal only: redirected stderr gets no carriage-return noise.
+    let show_progress = std::io::stderr().is_terminal();
+    let mut on_window = |done: usize, total: usize| {
+        if show_progress {
+            eprint!("\rperplexity: window {done}/{total}");
+        }
+    };
     let result = pollster::block_on(flint_core::generate::perplexity(
         &model,
         &ids,
@@ -245,7 +251,9 @@ fn perplexity(args: &PerplexityArgs) -> anyhow::Result<()> {
         args.windows.unwrap_or(usize::MAX),
         &mut on_window,
     ))?;
-    eprintln!();
+    if show_progress {
+        eprintln!();
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&result)?)?;

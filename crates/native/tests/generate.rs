@@ -74,3 +74,19 @@ fn an_unsupported_architecture_is_named() {
     std::fs::remove_file(&path).unwrap();
     assert_one_line_error(&output, "qwen9");
 }
+
+#[test]
+fn perplexity_prints_json_and_rejects_a_window_beyond_the_context() {
+    let path = SMOLLM2.path();
+    let model = path.to_str().unwrap();
+    let text = "/usr/share/common-licenses/Apache-2.0";
+    let output =
+        flint(&["perplexity", "--model", model, "--file", text, "--ctx", "32", "--windows", "2", "--json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!((&json["scored_tokens"], &json["windows"], &json["ctx"]), (&62.into(), &2.into(), &32.into()));
+    let ppl = json["ppl"].as_f64().unwrap();
+    // A 135M model on licence text: far better than uniform over 49152 tokens, far from perfect.
+    assert!((5.0..200.0).contains(&ppl), "{ppl}");
+    assert_one_line_error(&flint(&["perplexity", "--model", model, "--file", text, "--ctx", "9000"]), "ctx");
+}
