@@ -4,16 +4,21 @@
 // Layout: `weights` is one chunk of W (rows first_row .. first_row + rows, `row_words` words a
 //   row, see common.wgsl); x is [batch, cols] f32 as vec4s; y is [batch, out_rows] f32, of
 //   which this dispatch writes columns first_row .. first_row + rows. cols is a multiple of 8.
-// Workgroup: WG_SIZE invocations. THREADS_PER_ROW consecutive invocations share a row, each
-//   taking every THREADS_PER_ROW-th group of 8 weights, so a workgroup covers
-//   WG_SIZE / THREADS_PER_ROW rows; each invocation keeps BATCH_TILE sums, one per batch row,
-//   so every decoded weight is used BATCH_TILE times. The partial sums of a row are added by
+// Workgroup: WG_SIZE invocations. THREADS_PER_ROW consecutive invocations share ROW_TILE
+//   consecutive rows, each taking every THREADS_PER_ROW-th group of 8 weights, so a workgroup
+//   covers WG_SIZE / THREADS_PER_ROW * ROW_TILE rows; each invocation keeps ROW_TILE x
+//   BATCH_TILE sums in registers, so every decoded weight is used BATCH_TILE times and every
+//   activation loaded ROW_TILE times. The partial sums of a row are added by
 //   subgroupShuffleXor (SUBGROUP_REDUCE: needs THREADS_PER_ROW <= the subgroup size and
 //   subgroups made of consecutive invocations) or in workgroup memory (SHARED_REDUCE);
-//   THREADS_PER_ROW = 1 needs neither.
+//   THREADS_PER_ROW = 1 needs neither. X_BROADCAST (THREADS_PER_ROW = 1, subgroups of at least
+//   8): the activations are the same for the whole workgroup, so each invocation loads one of
+//   the 8 a step needs and subgroupBroadcast hands them to the others; on a CPU device, where
+//   each non-constant load is a loop over the SIMD lanes, that turns 8 loads into 1.
 // Grid: x (+ y past 65535) over row groups, linear index wg.x + wg.y * num_workgroups.x;
 //   z over batch tiles of BATCH_TILE. Rows past the chunk and batch rows past `batch` compute
-//   on clamped indices (so barriers stay in uniform control flow) and write nothing.
+//   on clamped indices (so barriers and broadcasts stay in uniform control flow) and write
+//   nothing.
 
 struct Params {
     rows: u32,
@@ -31,10 +36,14 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 
-const ROWS_PER_WG: u32 = WG_SIZE / THREADS_PER_ROW;
+const ROWS_PER_WG: u32 = WG_SIZE / THREADS_PER_ROW * ROW_TILE;
+const TILE: u32 = ROW_TILE * BATCH_TILE;
+#if X_BROADCAST
+const_assert THREADS_PER_ROW == 1u;
+#endif
 
 #if SHARED_REDUCE
-var<workgroup> partial: array<f32, WG_SIZE * BATCH_TILE>;
+var<workgroup> partial: array<f32, WG_SIZE * TILE>;
 #endif
 
 @compute @workgroup_size(WG_SIZE)
@@ -42,55 +51,84 @@ fn matmul(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lane: u32,
+#if X_BROADCAST
+    @builtin(subgroup_invocation_id) subgroup_lane: u32,
+#endif
 ) {
     let part = lane % THREADS_PER_ROW;
-    let r = (wg.x + wg.y * groups.x) * ROWS_PER_WG + lane / THREADS_PER_ROW;
-    let row = WeightRow(min(r, params.rows - 1u) * params.row_words, params.blocks);
+    let r0 = ((wg.x + wg.y * groups.x) * (WG_SIZE / THREADS_PER_ROW) + lane / THREADS_PER_ROW) * ROW_TILE;
+    var rows: array<WeightRow, ROW_TILE>;
+    for (var i = 0u; i < ROW_TILE; i++) {
+        rows[i] = WeightRow(min(r0 + i, params.rows - 1u) * params.row_words, params.blocks);
+    }
     let b0 = wg.z * BATCH_TILE;
     let x_row_vec4s = params.cols / 4u;
-    var x_rows: array<u32, BATCH_TILE>;
-    for (var t = 0u; t < BATCH_TILE; t++) {
-        x_rows[t] = min(b0 + t, params.batch - 1u) * x_row_vec4s;
-    }
 
-    var acc: array<f32, BATCH_TILE>;
+    var acc: array<f32, TILE>;
     for (var g = part; g < params.cols / 8u; g += THREADS_PER_ROW) {
-        let w = decode8(row, g * 8u);
+        var w: array<Weights8, ROW_TILE>;
+        for (var i = 0u; i < ROW_TILE; i++) {
+            w[i] = decode8(rows[i], g * 8u);
+        }
         for (var t = 0u; t < BATCH_TILE; t++) {
-            let xi = x_rows[t] + 2u * g;
-            acc[t] += dot(w.lo, x[xi]) + dot(w.hi, x[xi + 1u]);
+            let xi = min(b0 + t, params.batch - 1u) * x_row_vec4s + 2u * g;
+#if X_BROADCAST
+            // Lanes past 8 (larger subgroups) load again what lane % 8 loads.
+            let j = subgroup_lane % 8u;
+            let mine = x[xi + j / 4u][j % 4u];
+            let x_lo = vec4<f32>(
+                subgroupBroadcast(mine, 0u),
+                subgroupBroadcast(mine, 1u),
+                subgroupBroadcast(mine, 2u),
+                subgroupBroadcast(mine, 3u),
+            );
+            let x_hi = vec4<f32>(
+                subgroupBroadcast(mine, 4u),
+                subgroupBroadcast(mine, 5u),
+                subgroupBroadcast(mine, 6u),
+                subgroupBroadcast(mine, 7u),
+            );
+#else
+            let x_lo = x[xi];
+            let x_hi = x[xi + 1u];
+#endif
+            for (var i = 0u; i < ROW_TILE; i++) {
+                acc[t * ROW_TILE + i] += dot(w[i].lo, x_lo) + dot(w[i].hi, x_hi);
+            }
         }
     }
 
 #if SUBGROUP_REDUCE
-    for (var t = 0u; t < BATCH_TILE; t++) {
+    for (var a = 0u; a < TILE; a++) {
         for (var mask = THREADS_PER_ROW / 2u; mask > 0u; mask /= 2u) {
-            acc[t] += subgroupShuffleXor(acc[t], mask);
+            acc[a] += subgroupShuffleXor(acc[a], mask);
         }
     }
 #endif
 #if SHARED_REDUCE
-    for (var t = 0u; t < BATCH_TILE; t++) {
-        partial[t * WG_SIZE + lane] = acc[t];
+    for (var a = 0u; a < TILE; a++) {
+        partial[a * WG_SIZE + lane] = acc[a];
     }
     workgroupBarrier();
     for (var stride = THREADS_PER_ROW / 2u; stride > 0u; stride /= 2u) {
         if part < stride {
-            for (var t = 0u; t < BATCH_TILE; t++) {
-                partial[t * WG_SIZE + lane] += partial[t * WG_SIZE + lane + stride];
+            for (var a = 0u; a < TILE; a++) {
+                partial[a * WG_SIZE + lane] += partial[a * WG_SIZE + lane + stride];
             }
         }
         workgroupBarrier();
     }
-    for (var t = 0u; t < BATCH_TILE; t++) {
-        acc[t] = partial[t * WG_SIZE + lane];
+    for (var a = 0u; a < TILE; a++) {
+        acc[a] = partial[a * WG_SIZE + lane];
     }
 #endif
 
-    if part == 0u && r < params.rows {
+    if part == 0u {
         for (var t = 0u; t < BATCH_TILE; t++) {
-            if b0 + t < params.batch {
-                y[(b0 + t) * params.out_rows + params.first_row + r] = acc[t];
+            for (var i = 0u; i < ROW_TILE; i++) {
+                if b0 + t < params.batch && r0 + i < params.rows {
+                    y[(b0 + t) * params.out_rows + params.first_row + r0 + i] = acc[t * ROW_TILE + i];
+                }
             }
         }
     }

@@ -38,37 +38,81 @@ enum Reduce {
 struct Variant {
     wg_size: u32,
     threads_per_row: u32,
+    /// Weight rows per invocation: each activation loaded is used this many times.
+    row_tile: u32,
     /// Batch rows per invocation: each decoded weight is used this many times.
     batch_tile: u32,
     reduce: Reduce,
+    /// Each invocation of a subgroup loads one of 8 activations and `subgroupBroadcast` hands
+    /// them to all (needs subgroups of at least 8 invocations and `threads_per_row` 1, so that
+    /// a whole subgroup reads the same activations).
+    x_broadcast: bool,
 }
 
 impl Variant {
     /// The variant for `batch` rows of activations on this device.
     ///
     /// CPU devices (lavapipe, SwiftShader) run invocations as SIMD lanes of one thread, where
-    /// barriers are expensive and one row per invocation is fastest (1.0-1.7 GB/s against
-    /// 0.2-0.4 with a 64-wide tree on lavapipe). GPUs want many invocations per row for
-    /// coalesced loads: 32 (a warp on NVIDIA, within every subgroup size but Intel's and
-    /// WARP's, hence the min), added by subgroup shuffles where available.
+    /// barriers are expensive (a 64-wide tree reduction ran at 0.2-0.4 GB/s on lavapipe against
+    /// 1.0-1.7 with no barrier), so each invocation sums whole rows alone. lavapipe turns every
+    /// load whose address is not a constant into a loop over the lanes, one scalar at a time,
+    /// while arithmetic stays SIMD; so an invocation takes a tile of rows × batch rows, each
+    /// activation reused across the rows and each decoded weight across the batch rows (of the
+    /// tiles measured, 2-4 rows won at batch 1, 4 × 8 at batch 8 and 8 × 16 at batch 64), and
+    /// with subgroups the 8 activations a step needs are loaded once per subgroup and
+    /// broadcast (a broadcast from a constant lane is a plain SIMD shuffle).
+    /// GPUs want many invocations per row for coalesced loads: 32 (a warp on NVIDIA, within
+    /// every subgroup size but Intel's and WARP's, hence the min), added by subgroup shuffles
+    /// where available; their tiles stay at one row and at most 8 batch rows.
     fn choose(ctx: &GpuContext, batch: usize) -> Self {
         let batch_tile = match batch {
             1 => 1,
             2..=4 => 4,
-            _ => 8,
+            5..=8 => 8,
+            _ => 16,
         };
-        if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
-            Variant { wg_size: 64, threads_per_row: 1, batch_tile, reduce: Reduce::None }
+        let info = ctx.adapter_info();
+        if info.device_type == wgpu::DeviceType::Cpu {
+            let x_broadcast = ctx.features().subgroups && info.subgroup_min_size >= 8;
+            let row_tile = match batch {
+                1 if !x_broadcast => 2,
+                1..=8 => 4,
+                _ => 8,
+            };
+            Variant {
+                wg_size: 64,
+                threads_per_row: 1,
+                row_tile,
+                batch_tile,
+                reduce: Reduce::None,
+                x_broadcast,
+            }
         } else if ctx.features().subgroups {
-            let threads_per_row = ctx.adapter_info().subgroup_min_size.clamp(1, 32).next_power_of_two();
-            Variant { wg_size: 128, threads_per_row, batch_tile, reduce: Reduce::Subgroup }
+            let threads_per_row = info.subgroup_min_size.clamp(1, 32).next_power_of_two();
+            let batch_tile = batch_tile.min(8);
+            Variant {
+                wg_size: 128,
+                threads_per_row,
+                row_tile: 1,
+                batch_tile,
+                reduce: Reduce::Subgroup,
+                x_broadcast: false,
+            }
         } else {
-            Variant { wg_size: 128, threads_per_row: 32, batch_tile, reduce: Reduce::Shared }
+            let batch_tile = batch_tile.min(8);
+            Variant {
+                wg_size: 128,
+                threads_per_row: 32,
+                row_tile: 1,
+                batch_tile,
+                reduce: Reduce::Shared,
+                x_broadcast: false,
+            }
         }
     }
 
     fn rows_per_workgroup(self) -> u32 {
-        self.wg_size / self.threads_per_row
+        self.wg_size / self.threads_per_row * self.row_tile
     }
 
     fn source(self, quant: QuantType) -> KernelSource {
@@ -77,16 +121,18 @@ impl Variant {
         KernelSource::new("matmul", &parts)
             .define("WG_SIZE", format!("{}u", self.wg_size))
             .define("THREADS_PER_ROW", format!("{}u", self.threads_per_row))
+            .define("ROW_TILE", format!("{}u", self.row_tile))
             .define("BATCH_TILE", format!("{}u", self.batch_tile))
             .define("SUBGROUP_REDUCE", self.reduce == Reduce::Subgroup)
             .define("SHARED_REDUCE", self.reduce == Reduce::Shared)
+            .define("X_BROADCAST", self.x_broadcast)
     }
 }
 
 /// Records `y[b, r] = Σ_k weight[r, k] · x[b, k]`: x is `[.., cols]`, y is `[.., rows]` with
 /// the same number of batch rows (all leading dimensions together). Batch 1 is a matrix ×
 /// vector product; larger batches (prefill, batched decode) reuse each decoded weight for up
-/// to 8 batch rows. One dispatch per chunk of the weight.
+/// to 16 batch rows. One dispatch per chunk of the weight.
 pub fn matmul(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
@@ -168,12 +214,73 @@ mod tests {
     use crate::quant::{dequantize_row, random_rows};
 
     /// Every variant a test forces: the devices' own choices come on top. TPR 4 and 8 with
-    /// subgroup shuffles fit lavapipe's subgroups of 8.
-    const FORCED: [Variant; 4] = [
-        Variant { wg_size: 64, threads_per_row: 1, batch_tile: 8, reduce: Reduce::None },
-        Variant { wg_size: 32, threads_per_row: 4, batch_tile: 4, reduce: Reduce::Shared },
-        Variant { wg_size: 128, threads_per_row: 32, batch_tile: 8, reduce: Reduce::Shared },
-        Variant { wg_size: 64, threads_per_row: 8, batch_tile: 4, reduce: Reduce::Subgroup },
+    /// subgroup shuffles and the activation broadcast fit lavapipe's subgroups of 8. Row tiles
+    /// of 3 and 8 leave partial tiles on every test shape.
+    const FORCED: [Variant; 8] = [
+        Variant {
+            wg_size: 64,
+            threads_per_row: 1,
+            row_tile: 1,
+            batch_tile: 8,
+            reduce: Reduce::None,
+            x_broadcast: false,
+        },
+        Variant {
+            wg_size: 32,
+            threads_per_row: 4,
+            row_tile: 1,
+            batch_tile: 4,
+            reduce: Reduce::Shared,
+            x_broadcast: false,
+        },
+        Variant {
+            wg_size: 128,
+            threads_per_row: 32,
+            row_tile: 1,
+            batch_tile: 8,
+            reduce: Reduce::Shared,
+            x_broadcast: false,
+        },
+        Variant {
+            wg_size: 64,
+            threads_per_row: 8,
+            row_tile: 1,
+            batch_tile: 4,
+            reduce: Reduce::Subgroup,
+            x_broadcast: false,
+        },
+        Variant {
+            wg_size: 64,
+            threads_per_row: 1,
+            row_tile: 8,
+            batch_tile: 16,
+            reduce: Reduce::None,
+            x_broadcast: false,
+        },
+        Variant {
+            wg_size: 16,
+            threads_per_row: 1,
+            row_tile: 3,
+            batch_tile: 4,
+            reduce: Reduce::None,
+            x_broadcast: true,
+        },
+        Variant {
+            wg_size: 64,
+            threads_per_row: 1,
+            row_tile: 8,
+            batch_tile: 16,
+            reduce: Reduce::None,
+            x_broadcast: true,
+        },
+        Variant {
+            wg_size: 32,
+            threads_per_row: 1,
+            row_tile: 2,
+            batch_tile: 8,
+            reduce: Reduce::None,
+            x_broadcast: true,
+        },
     ];
 
     /// Error bound, relative to the sum of magnitudes `Σ_k |W[r, k] x[b, k]|` of each output
@@ -279,7 +386,7 @@ mod tests {
         }
         let ctx = gpu();
         for variant in FORCED {
-            if variant.reduce == Reduce::Subgroup && !ctx.features().subgroups {
+            if (variant.reduce == Reduce::Subgroup || variant.x_broadcast) && !ctx.features().subgroups {
                 continue;
             }
             for (rows, batch) in [(7, 1), (67, 17)] {
@@ -358,22 +465,81 @@ mod tests {
 
     #[test]
     fn every_variant_validates() {
-        let batch_tiles = [1, 4, 8];
         for quant in QuantType::ALL {
-            for batch_tile in batch_tiles {
-                let chosen = [
-                    Variant { wg_size: 64, threads_per_row: 1, batch_tile, reduce: Reduce::None },
-                    Variant { wg_size: 128, threads_per_row: 32, batch_tile, reduce: Reduce::Shared },
-                ];
-                let subgroup = [4, 8, 16, 32].map(|threads_per_row| Variant {
-                    wg_size: 128,
-                    threads_per_row,
-                    batch_tile,
-                    reduce: Reduce::Subgroup,
-                });
-                for variant in chosen.into_iter().chain(subgroup).chain(FORCED) {
-                    validate_wgsl(&variant.source(quant));
+            let mut variants = FORCED.to_vec();
+            for batch_tile in [1, 4, 8, 16] {
+                for (row_tile, x_broadcast) in
+                    [(1, false), (2, false), (4, false), (8, false), (4, true), (8, true)]
+                {
+                    variants.push(Variant {
+                        wg_size: 64,
+                        threads_per_row: 1,
+                        row_tile,
+                        batch_tile,
+                        reduce: Reduce::None,
+                        x_broadcast,
+                    });
                 }
+                for threads_per_row in [4, 8, 16, 32] {
+                    variants.push(Variant {
+                        wg_size: 128,
+                        threads_per_row,
+                        row_tile: 1,
+                        batch_tile,
+                        reduce: Reduce::Subgroup,
+                        x_broadcast: false,
+                    });
+                }
+                variants.push(Variant {
+                    wg_size: 128,
+                    threads_per_row: 32,
+                    row_tile: 1,
+                    batch_tile,
+                    reduce: Reduce::Shared,
+                    x_broadcast: false,
+                });
+            }
+            for variant in variants {
+                validate_wgsl(&variant.source(quant));
+            }
+        }
+    }
+
+    /// Prints the time of the device's own variant on prefill-shaped products (SmolLM2-135M's
+    /// Q4_1 576 x 1536 projection and its 49152 x 576 Q8_0 LM head). Not an assertion: run with
+    /// `cargo test --release -p flint-core --lib kernels::matmul::tests::timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing print, run by hand in a release build"]
+    fn timing() {
+        let mut rng = Rng::new("matmul timing");
+        for ((path, ctx), (quant, rows, cols)) in both_paths()
+            .into_iter()
+            .flat_map(|p| [(p, (QuantType::Q4_1, 1536, 576)), (p, (QuantType::Q8_0, 49152, 576))])
+        {
+            let bytes = random_rows(quant, rows, cols, &mut rng);
+            let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+            for batch in [1, 8, 64] {
+                let x =
+                    Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap();
+                let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+                let variant = Variant::choose(ctx, batch);
+                let run = |reps: usize| {
+                    let mut encoder = ctx.encoder("timing");
+                    for _ in 0..reps {
+                        record(ctx, &mut encoder, &weight, &x, &y, batch, variant).unwrap();
+                    }
+                    ctx.submit(encoder).unwrap();
+                    pollster::block_on(y.to_f32(ctx)).unwrap();
+                };
+                run(1);
+                let reps = if rows * batch > 1 << 20 { 3 } else { 20 };
+                let start = std::time::Instant::now();
+                run(reps);
+                let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                let gflops = 2.0 * (rows * cols * batch) as f64 / ms / 1e6;
+                eprintln!(
+                    "{path}: {quant} {rows}x{cols} batch {batch}: {ms:.2} ms ({gflops:.1} GFLOP/s), {variant:?}"
+                );
             }
         }
     }
