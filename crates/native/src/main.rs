@@ -7,6 +7,8 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod bench;
+
 use clap::{Args, Parser, Subcommand};
 use std::time::Instant;
 
@@ -31,6 +33,8 @@ enum Command {
     Inspect(InspectArgs),
     /// Continue a prompt (streamed to standard output, or one JSON object with --json).
     Generate(GenerateArgs),
+    /// Measure prefill and decode speed beside the device's memory roofline.
+    Bench(BenchArgs),
     /// Perplexity of a text file, as llama.cpp's reference defines it.
     Perplexity(PerplexityArgs),
     /// Print the token ids of a text as a JSON array.
@@ -72,6 +76,28 @@ struct GenerateArgs {
     #[arg(long)]
     chat: bool,
     /// Print one JSON object with text, output_ids and meta_info instead of streaming.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// The GGUF model file.
+    #[arg(long, value_name = "FILE")]
+    model: PathBuf,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    prompt_tokens: usize,
+    /// Tokens generated per sequence.
+    #[arg(long, default_value_t = 128, value_name = "N")]
+    gen_tokens: usize,
+    /// Sequences decoded together in one batch.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    concurrency: usize,
+    /// Timed runs after the warm-up; the median is reported.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    repeats: usize,
+    /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -137,6 +163,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect(&args),
         Command::Generate(args) => generate(&args),
+        Command::Bench(args) => bench_command(&args),
         Command::Perplexity(args) => perplexity(&args),
         Command::Tokenize(args) => tokenize(&args),
         Command::Gpu(args) => gpu(&args),
@@ -229,6 +256,48 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     } else {
         writeln!(out)?;
     }
+    Ok(())
+}
+
+fn bench_command(args: &BenchArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let (file, tokenizer, model) = load(&args.model)?;
+    let load_s = started.elapsed().as_secs_f64();
+    let options = bench::BenchOptions {
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        concurrency: args.concurrency,
+        repeats: args.repeats,
+    };
+    let r = bench::run(&file, &tokenizer, &model, load_s, &options)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    writeln!(out, "adapter:        {}", r.adapter)?;
+    writeln!(
+        out,
+        "workload:       {} prompt + {} generated tokens x {} sequences, median of {} runs",
+        r.prompt_tokens, r.gen_tokens, r.concurrency, args.repeats
+    )?;
+    writeln!(out, "load:           {:.2} s", r.load_s)?;
+    writeln!(out, "prefill:        {:.1} tokens/s", r.prefill_tokens_per_s)?;
+    writeln!(out, "first token:    {:.3} s", r.time_to_first_token_s)?;
+    writeln!(out, "decode:         {:.2} tokens/s", r.decode_tokens_per_s)?;
+    writeln!(
+        out,
+        "memory:         weights {:.1} MiB, KV cache {:.1} MiB",
+        r.weight_bytes as f64 / 1048576.0,
+        r.kv_cache_bytes as f64 / 1048576.0
+    )?;
+    writeln!(
+        out,
+        "roofline:       {:.1} MB of weights per decode step, {:.2} GB/s device probe: {:.1}% of it",
+        r.weight_bytes_per_decode_step as f64 / 1e6,
+        r.roofline_bytes_per_s / 1e9,
+        r.roofline_fraction * 100.0
+    )?;
     Ok(())
 }
 

@@ -1,0 +1,203 @@
+//! `flint bench`: prefill and decode speed of a model on this machine's GPU, beside the memory
+//! roofline that the device's own probe kernels measure.
+
+use std::time::Instant;
+
+use flint_core::gguf::GgufFile;
+use flint_core::kernels::copy::measure_bandwidth;
+use flint_core::model::{LogitRows, Model, SequenceChunk};
+use flint_core::sample::argmax;
+use flint_core::tokenizer::Tokenizer;
+use serde::Serialize;
+
+/// What to measure.
+pub struct BenchOptions {
+    /// Prompt tokens per sequence.
+    pub prompt_tokens: usize,
+    /// Generated tokens per sequence (the first comes from the prefill).
+    pub gen_tokens: usize,
+    /// Sequences decoded together as one batch.
+    pub concurrency: usize,
+    /// Timed runs (after one warm-up run); the median is reported.
+    pub repeats: usize,
+}
+
+/// The figures `flint bench` prints.
+#[derive(Serialize)]
+pub struct BenchReport {
+    /// Adapter name.
+    pub adapter: String,
+    /// Prompt tokens per sequence.
+    pub prompt_tokens: usize,
+    /// Generated tokens per sequence.
+    pub gen_tokens: usize,
+    /// Sequences per batch.
+    pub concurrency: usize,
+    /// Seconds to read the file and upload the weights.
+    pub load_s: f64,
+    /// Prompt tokens per second over all sequences (median run).
+    pub prefill_tokens_per_s: f64,
+    /// Seconds from the start of the prefill to the first sequence's first token (median run).
+    pub time_to_first_token_s: f64,
+    /// Generated tokens per second over all sequences, decode steps only (median run).
+    pub decode_tokens_per_s: f64,
+    /// Bytes of weights on the GPU (as in the file: weights stay quantized).
+    pub weight_bytes: u64,
+    /// Bytes of weights one decode step reads: every matrix, the token embedding only when it
+    /// is also the output projection.
+    pub weight_bytes_per_decode_step: u64,
+    /// Bytes of the KV cache allocated for the run.
+    pub kv_cache_bytes: u64,
+    /// The faster of the copy and read probes, bytes per second.
+    pub roofline_bytes_per_s: f64,
+    /// weight_bytes_per_decode_step × decode steps per second, over the roofline.
+    pub roofline_fraction: f64,
+}
+
+/// Runs the benchmark on a loaded model.
+pub fn run(
+    file: &GgufFile,
+    tokenizer: &Tokenizer,
+    model: &Model,
+    load_s: f64,
+    options: &BenchOptions,
+) -> anyhow::Result<BenchReport> {
+    anyhow::ensure!(
+        options.prompt_tokens >= 1 && options.gen_tokens >= 2,
+        "--prompt-tokens must be >= 1 and --gen-tokens >= 2"
+    );
+    anyhow::ensure!(
+        options.concurrency >= 1 && options.repeats >= 1,
+        "--concurrency and --repeats must be >= 1"
+    );
+    let context = model.config().context_length;
+    anyhow::ensure!(
+        options.prompt_tokens + options.gen_tokens <= context,
+        "--prompt-tokens + --gen-tokens ({}) exceed the model's context of {context} tokens",
+        options.prompt_tokens + options.gen_tokens
+    );
+    let prompt = prompt_ids(tokenizer, options.prompt_tokens);
+    let mut runs = Vec::with_capacity(options.repeats);
+    let mut kv_cache_bytes = 0;
+    for run in 0..=options.repeats {
+        let (figures, kv_bytes) = one_run(model, &prompt, options)?;
+        kv_cache_bytes = kv_bytes;
+        // Run 0 warms up: pipelines compile and buffers zero-initialise on first use.
+        if run > 0 {
+            runs.push(figures);
+        }
+    }
+    let median = |pick: fn(&RunFigures) -> f64| {
+        let mut values: Vec<f64> = runs.iter().map(pick).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let prefill_s = median(|r| r.prefill_s);
+    let decode_s = median(|r| r.decode_s);
+    let total_prompt = (options.prompt_tokens * options.concurrency) as f64;
+    let decode_steps = (options.gen_tokens - 1) as f64;
+
+    let ctx = model.gpu();
+    let start = Instant::now();
+    let now_s = || start.elapsed().as_secs_f64();
+    let bandwidth = pollster::block_on(measure_bandwidth(ctx, 64 << 20, 9, &now_s))?;
+    let weight_bytes: u64 = file.tensors().iter().map(|t| t.bytes() as u64).sum();
+    let embedding_bytes = file.tensor("token_embd.weight").map_or(0, |t| t.bytes() as u64);
+    let per_step = if model.config().tied_output { weight_bytes } else { weight_bytes - embedding_bytes };
+    let steps_per_s = decode_steps / decode_s;
+    Ok(BenchReport {
+        adapter: ctx.adapter_info().name.clone(),
+        prompt_tokens: options.prompt_tokens,
+        gen_tokens: options.gen_tokens,
+        concurrency: options.concurrency,
+        load_s,
+        prefill_tokens_per_s: total_prompt / prefill_s,
+        time_to_first_token_s: median(|r| r.first_token_s),
+        decode_tokens_per_s: decode_steps * options.concurrency as f64 / decode_s,
+        weight_bytes,
+        weight_bytes_per_decode_step: per_step,
+        kv_cache_bytes,
+        roofline_bytes_per_s: bandwidth.best_bytes_per_s(),
+        roofline_fraction: per_step as f64 * steps_per_s / bandwidth.best_bytes_per_s(),
+    })
+}
+
+struct RunFigures {
+    prefill_s: f64,
+    first_token_s: f64,
+    decode_s: f64,
+}
+
+/// Real text for the prompt (the licence flint is tested on, else a fixed sentence), repeated
+/// to the length asked for.
+fn prompt_ids(tokenizer: &Tokenizer, tokens: usize) -> Vec<u32> {
+    let text = std::fs::read_to_string("/usr/share/common-licenses/Apache-2.0")
+        .unwrap_or_else(|_| "The quick brown fox jumps over the lazy dog. ".repeat(64));
+    let ids = tokenizer.encode(&text, false, false);
+    ids.iter().copied().cycle().take(tokens).collect()
+}
+
+/// One prefill of every sequence, then greedy decode steps of all of them as one batch.
+fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Result<(RunFigures, u64)> {
+    let ctx = model.gpu();
+    let vocab = model.config().vocab_size;
+    let per_sequence = prompt.len() + options.gen_tokens;
+    let mut cache = model.new_kv_cache(Some(per_sequence.next_multiple_of(16) * options.concurrency))?;
+    let kv_bytes = (cache.capacity_tokens() as u64)
+        * cache.shape().token_bytes_per_layer()
+        * 2
+        * cache.shape().layers as u64;
+    let mut tables: Vec<_> = (0..options.concurrency).map(|_| cache.new_sequence()).collect();
+    for table in &mut tables {
+        cache.append(table, prompt.len())?;
+    }
+    let started = Instant::now();
+    let mut first_token_s = 0.0;
+    let mut next = Vec::with_capacity(options.concurrency);
+    for table in &tables {
+        let mut logits = None;
+        for (index, tokens) in prompt.chunks(flint_core::generate::PREFILL_CHUNK_TOKENS).enumerate() {
+            let first_position = index * flint_core::generate::PREFILL_CHUNK_TOKENS;
+            let last = first_position + tokens.len() == prompt.len();
+            let rows = if last { LogitRows::Last } else { LogitRows::None };
+            logits = Some(
+                model.forward(&cache, &[SequenceChunk { table, tokens, first_position, logits: rows }])?,
+            );
+        }
+        let row = match logits {
+            Some(tensor) => pollster::block_on(tensor.to_f32(ctx))?,
+            None => anyhow::bail!("empty prompt"),
+        };
+        next.push(argmax(&row).unwrap_or(0));
+        if next.len() == 1 {
+            first_token_s = started.elapsed().as_secs_f64();
+        }
+    }
+    let prefill_s = started.elapsed().as_secs_f64();
+
+    let decode_started = Instant::now();
+    for _ in 1..options.gen_tokens {
+        let positions: Vec<usize> = tables
+            .iter_mut()
+            .map(|table| cache.append(table, 1).map(|p| p.start))
+            .collect::<Result<_, _>>()?;
+        let chunks: Vec<SequenceChunk<'_>> = tables
+            .iter()
+            .zip(&next)
+            .zip(positions)
+            .map(|((table, token), first_position)| SequenceChunk {
+                table,
+                tokens: std::slice::from_ref(token),
+                first_position,
+                logits: LogitRows::Last,
+            })
+            .collect();
+        let logits = pollster::block_on(model.forward(&cache, &chunks)?.to_f32(ctx))?;
+        next = logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(0)).collect();
+    }
+    let decode_s = decode_started.elapsed().as_secs_f64();
+    for table in tables {
+        cache.release(table);
+    }
+    Ok((RunFigures { prefill_s, first_token_s, decode_s }, kv_bytes))
+}

@@ -1,0 +1,38 @@
+//! `flint bench` end to end: it runs a small workload and reports consistent figures. Speed
+//! itself is never asserted (the machine decides it); BENCHMARKS.md records it.
+
+use std::process::Command;
+
+use flint_e2e::SMOLLM2;
+
+#[test]
+fn bench_reports_consistent_figures() {
+    let path = SMOLLM2.path();
+    let args =
+        ["--prompt-tokens", "20", "--gen-tokens", "4", "--concurrency", "2", "--repeats", "1", "--json"];
+    let output = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["bench", "--model", path.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let number = |key: &str| report[key].as_f64().unwrap_or_else(|| panic!("{key} missing: {report}"));
+    for key in ["prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "roofline_fraction"] {
+        assert!(number(key).is_finite() && number(key) > 0.0, "{key}: {report}");
+    }
+    assert_eq!((number("prompt_tokens"), number("gen_tokens"), number("concurrency")), (20.0, 4.0, 2.0));
+    // SmolLM2's output is its token embedding: a decode step reads every weight.
+    assert_eq!(number("weight_bytes_per_decode_step"), number("weight_bytes"));
+    let file_bytes = std::fs::metadata(&path).unwrap().len() as f64;
+    assert!(number("weight_bytes") > 0.9 * file_bytes && number("weight_bytes") < file_bytes);
+    // 2 sequences of 24 tokens, rounded up to blocks of 16: 64 tokens × 30 layers × K and V × 3 heads × 64 × 4 bytes.
+    assert_eq!(number("kv_cache_bytes"), (64 * 30 * 2 * 3 * 64 * 4) as f64);
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["bench", "--model", path.to_str().unwrap(), "--prompt-tokens", "9000"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("context"));
+}
