@@ -52,6 +52,10 @@ pub struct BenchReport {
     pub roofline_bytes_per_s: f64,
     /// weight_bytes_per_decode_step × decode steps per second, over the roofline.
     pub roofline_fraction: f64,
+    /// Kernel dispatches one decode step records.
+    pub dispatches_per_decode_step: f64,
+    /// The same, per transformer layer.
+    pub dispatches_per_layer: f64,
 }
 
 /// Runs the benchmark on a loaded model.
@@ -105,6 +109,7 @@ pub fn run(
     let embedding_bytes = file.tensor("token_embd.weight").map_or(0, |t| t.bytes() as u64);
     let per_step = if model.config().tied_output { weight_bytes } else { weight_bytes - embedding_bytes };
     let steps_per_s = decode_steps / decode_s;
+    let dispatches_per_decode_step = runs[0].decode_dispatches as f64 / decode_steps;
     Ok(BenchReport {
         adapter: ctx.adapter_info().name.clone(),
         prompt_tokens: options.prompt_tokens,
@@ -119,6 +124,8 @@ pub fn run(
         kv_cache_bytes,
         roofline_bytes_per_s: bandwidth.best_bytes_per_s(),
         roofline_fraction: per_step as f64 * steps_per_s / bandwidth.best_bytes_per_s(),
+        dispatches_per_decode_step,
+        dispatches_per_layer: dispatches_per_decode_step / model.config().n_layers as f64,
     })
 }
 
@@ -126,6 +133,7 @@ struct RunFigures {
     prefill_s: f64,
     first_token_s: f64,
     decode_s: f64,
+    decode_dispatches: u64,
 }
 
 /// Real text for the prompt (the licence flint is tested on, else a fixed sentence), repeated
@@ -176,6 +184,7 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
     let prefill_s = started.elapsed().as_secs_f64();
 
     let decode_started = Instant::now();
+    let dispatches_before = ctx.dispatch_count();
     for _ in 1..options.gen_tokens {
         let positions: Vec<usize> = tables
             .iter_mut()
@@ -196,8 +205,9 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
         next = logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(0)).collect();
     }
     let decode_s = decode_started.elapsed().as_secs_f64();
+    let decode_dispatches = ctx.dispatch_count() - dispatches_before;
     for table in tables {
         cache.release(table);
     }
-    Ok((RunFigures { prefill_s, first_token_s, decode_s }, kv_bytes))
+    Ok((RunFigures { prefill_s, first_token_s, decode_s, decode_dispatches }, kv_bytes))
 }

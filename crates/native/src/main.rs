@@ -298,6 +298,11 @@ fn bench_command(args: &BenchArgs) -> anyhow::Result<()> {
         r.roofline_bytes_per_s / 1e9,
         r.roofline_fraction * 100.0
     )?;
+    writeln!(
+        out,
+        "dispatches:     {:.0} per decode step, {:.1} per layer",
+        r.dispatches_per_decode_step, r.dispatches_per_layer
+    )?;
     Ok(())
 }
 

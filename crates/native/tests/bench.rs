@@ -24,6 +24,10 @@ fn bench_reports_consistent_figures() {
     assert_eq!((number("prompt_tokens"), number("gen_tokens"), number("concurrency")), (20.0, 4.0, 2.0));
     // SmolLM2's output is its token embedding: a decode step reads every weight.
     assert_eq!(number("weight_bytes_per_decode_step"), number("weight_bytes"));
+    // Every layer records several kernels per decode step.
+    let per_step = number("dispatches_per_decode_step");
+    assert!(per_step >= 30.0 * 5.0, "{report}");
+    assert!((number("dispatches_per_layer") * 30.0 - per_step).abs() < 1e-9, "{report}");
     let file_bytes = std::fs::metadata(&path).unwrap().len() as f64;
     assert!(number("weight_bytes") > 0.9 * file_bytes && number("weight_bytes") < file_bytes);
     // 2 sequences of 24 tokens, rounded up to blocks of 16: 64 tokens × 30 layers × K and V × 3 heads × 64 × 4 bytes.

@@ -75,6 +75,9 @@ pub struct GpuContext {
     /// The first error wgpu reported since the last [`GpuContext::check_errors`]: wgpu reports
     /// validation errors through a callback, and we return them as values at the next sync point.
     captured_error: Arc<Mutex<Option<String>>>,
+    /// Dispatches recorded since the device was opened: dispatch count per step matters as
+    /// much as bytes (about 30 µs each on lavapipe), and `flint bench` reports it.
+    pub(crate) dispatches: std::sync::atomic::AtomicU64,
 }
 
 const NO_ADAPTER_HELP: &str = "no GPU adapter found. flint needs a GPU with Vulkan, Metal, DX12 or \
@@ -127,6 +130,7 @@ impl GpuContext {
             adapter_info: info,
             limits,
             pipelines: PipelineCache::default(),
+            dispatches: std::sync::atomic::AtomicU64::new(0),
             captured_error,
         }))
     }
@@ -176,6 +180,11 @@ impl GpuContext {
     /// The largest byte size one storage binding may have on this device.
     pub fn max_binding_bytes(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+
+    /// Kernel dispatches recorded on this device so far.
+    pub fn dispatch_count(&self) -> u64 {
+        self.dispatches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Returns the first GPU error reported since the last call, if any.

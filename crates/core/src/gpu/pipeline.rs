@@ -161,6 +161,7 @@ impl GpuContext {
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        self.dispatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
