@@ -13,6 +13,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use flint_core::generate::decode_step;
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions, Tensor};
 use flint_core::kv::{KvBlockTable, KvCache};
@@ -93,20 +94,12 @@ impl Loaded {
 
         let started = Instant::now();
         for _ in 1..steps {
-            let positions: Vec<usize> =
-                tables.iter_mut().map(|table| cache.append(table, 1).unwrap().start).collect();
-            let chunks: Vec<SequenceChunk<'_>> = tables
-                .iter()
-                .zip(&next)
-                .zip(positions)
-                .map(|((table, token), first_position)| SequenceChunk {
-                    table,
-                    tokens: std::slice::from_ref(token),
-                    first_position,
-                    logits: LogitRows::Last,
-                })
+            let logits = decode_step(&self.model, &mut cache, &mut tables, &next).unwrap();
+            next = pollster::block_on(logits.to_f32(&self.ctx))
+                .unwrap()
+                .chunks_exact(self.vocab())
+                .map(argmax)
                 .collect();
-            next = self.forward(&cache, &chunks).chunks_exact(self.vocab()).map(argmax).collect();
             for (ids, &id) in generated.iter_mut().zip(&next) {
                 ids.push(id);
             }

@@ -3,9 +3,10 @@
 
 use std::time::Instant;
 
+use flint_core::generate::{decode_step, prefill};
 use flint_core::gguf::GgufFile;
 use flint_core::kernels::copy::measure_bandwidth;
-use flint_core::model::{LogitRows, Model, SequenceChunk};
+use flint_core::model::Model;
 use flint_core::sample::argmax;
 use flint_core::tokenizer::Tokenizer;
 use serde::Serialize;
@@ -150,7 +151,9 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
     let ctx = model.gpu();
     let vocab = model.config().vocab_size;
     let per_sequence = prompt.len() + options.gen_tokens;
-    let mut cache = model.new_kv_cache(Some(per_sequence.next_multiple_of(16) * options.concurrency))?;
+    let mut cache = model.new_kv_cache(Some(
+        per_sequence.next_multiple_of(flint_core::model::KV_BLOCK_TOKENS) * options.concurrency,
+    ))?;
     let kv_bytes = (cache.capacity_tokens() as u64)
         * cache.shape().token_bytes_per_layer()
         * 2
@@ -163,19 +166,7 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
     let mut first_token_s = 0.0;
     let mut next = Vec::with_capacity(options.concurrency);
     for table in &tables {
-        let mut logits = None;
-        for (index, tokens) in prompt.chunks(flint_core::generate::PREFILL_CHUNK_TOKENS).enumerate() {
-            let first_position = index * flint_core::generate::PREFILL_CHUNK_TOKENS;
-            let last = first_position + tokens.len() == prompt.len();
-            let rows = if last { LogitRows::Last } else { LogitRows::None };
-            logits = Some(
-                model.forward(&cache, &[SequenceChunk { table, tokens, first_position, logits: rows }])?,
-            );
-        }
-        let row = match logits {
-            Some(tensor) => pollster::block_on(tensor.to_f32(ctx))?,
-            None => anyhow::bail!("empty prompt"),
-        };
+        let row = pollster::block_on(prefill(model, &cache, table, prompt)?.to_f32(ctx))?;
         next.push(argmax(&row).unwrap_or(0));
         if next.len() == 1 {
             first_token_s = started.elapsed().as_secs_f64();
@@ -186,22 +177,7 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
     let decode_started = Instant::now();
     let dispatches_before = ctx.dispatch_count();
     for _ in 1..options.gen_tokens {
-        let positions: Vec<usize> = tables
-            .iter_mut()
-            .map(|table| cache.append(table, 1).map(|p| p.start))
-            .collect::<Result<_, _>>()?;
-        let chunks: Vec<SequenceChunk<'_>> = tables
-            .iter()
-            .zip(&next)
-            .zip(positions)
-            .map(|((table, token), first_position)| SequenceChunk {
-                table,
-                tokens: std::slice::from_ref(token),
-                first_position,
-                logits: LogitRows::Last,
-            })
-            .collect();
-        let logits = pollster::block_on(model.forward(&cache, &chunks)?.to_f32(ctx))?;
+        let logits = pollster::block_on(decode_step(model, &mut cache, &mut tables, &next)?.to_f32(ctx))?;
         next = logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(0)).collect();
     }
     let decode_s = decode_started.elapsed().as_secs_f64();

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::gpu::Tensor;
+use crate::kv::{KvBlockTable, KvCache};
 use crate::model::{LogitRows, Model, SequenceChunk};
 use crate::sample::{Sampler, SamplingParams, log_softmax};
 use crate::tokenizer::{Detokenizer, Tokenizer};
@@ -70,18 +72,7 @@ pub async fn generate(
     let mut cache = model.new_kv_cache(Some(prompt_ids.len() + max_new_tokens.max(1)))?;
     let mut table = cache.new_sequence();
     cache.append(&mut table, prompt_ids.len())?;
-    let mut logits = None;
-    for (index, chunk) in prompt_ids.chunks(PREFILL_CHUNK_TOKENS).enumerate() {
-        let last = (index + 1) * PREFILL_CHUNK_TOKENS >= prompt_ids.len();
-        let rows = if last { LogitRows::Last } else { LogitRows::None };
-        let chunk = SequenceChunk {
-            table: &table,
-            tokens: chunk,
-            first_position: index * PREFILL_CHUNK_TOKENS,
-            logits: rows,
-        };
-        logits = Some(model.forward(&cache, &[chunk])?);
-    }
+    let mut logits = Some(prefill(model, &cache, &table, prompt_ids)?);
 
     let mut detokenizer = Detokenizer::after_prompt(true);
     let mut generation = Generation {
@@ -107,14 +98,7 @@ pub async fn generate(
         generation.text.push_str(&piece);
         on_text(&piece, &[token]);
         if generation.output_ids.len() < max_new_tokens {
-            let position = cache.append(&mut table, 1)?.start;
-            let step = SequenceChunk {
-                table: &table,
-                tokens: &[token],
-                first_position: position,
-                logits: LogitRows::Last,
-            };
-            logits = Some(model.forward(&cache, &[step])?);
+            logits = Some(decode_step(model, &mut cache, std::slice::from_mut(&mut table), &[token])?);
         }
     }
     let rest = detokenizer.finish();
@@ -125,6 +109,51 @@ pub async fn generate(
     generation.completion_tokens = generation.output_ids.len();
     cache.release(table);
     Ok(generation)
+}
+
+/// Runs `prompt` (at least one token, its positions already reserved in `table` from 0) through
+/// the model in passes of [`PREFILL_CHUNK_TOKENS`]; returns the logits `[1, vocab]` of its last
+/// token.
+pub fn prefill(model: &Model, cache: &KvCache, table: &KvBlockTable, prompt: &[u32]) -> Result<Tensor> {
+    let mut logits = None;
+    for (index, tokens) in prompt.chunks(PREFILL_CHUNK_TOKENS).enumerate() {
+        let first_position = index * PREFILL_CHUNK_TOKENS;
+        let last = first_position + tokens.len() == prompt.len();
+        let rows = if last { LogitRows::Last } else { LogitRows::None };
+        logits =
+            Some(model.forward(cache, &[SequenceChunk { table, tokens, first_position, logits: rows }])?);
+    }
+    logits
+        .ok_or_else(|| Error::InvalidParameter { field: "prompt", reason: "the prompt has no tokens".into() })
+}
+
+/// One decode step of a batch: reserves the next position of every sequence in `tables`, feeds
+/// `tokens[i]` to sequence `i` in one forward pass, and returns the logits `[n, vocab]`.
+pub fn decode_step(
+    model: &Model,
+    cache: &mut KvCache,
+    tables: &mut [KvBlockTable],
+    tokens: &[u32],
+) -> Result<Tensor> {
+    if tables.len() != tokens.len() {
+        return Err(Error::InvalidBatch(format!("{} sequences but {} tokens", tables.len(), tokens.len())));
+    }
+    let mut positions = Vec::with_capacity(tables.len());
+    for table in tables.iter_mut() {
+        positions.push(cache.append(table, 1)?.start);
+    }
+    let chunks: Vec<SequenceChunk<'_>> = tables
+        .iter()
+        .zip(tokens)
+        .zip(positions)
+        .map(|((table, token), first_position)| SequenceChunk {
+            table,
+            tokens: std::slice::from_ref(token),
+            first_position,
+            logits: LogitRows::Last,
+        })
+        .collect();
+    model.forward(cache, &chunks)
 }
 
 /// The result of [`perplexity`].
