@@ -92,6 +92,14 @@ pub enum Error {
     /// A chat template does not compile, fails to render, or raised an exception itself.
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// The engine step that was running a request failed (the message is the step's error);
+    /// the request ends with this error while the engine goes on with the others.
+    #[error("the engine step running this request failed: {0}")]
+    StepFailed(String),
+    /// The engine's step loop is not running (it was never started, or it ended), so the
+    /// request cannot be served.
+    #[error("the engine is not running: {0}")]
+    EngineStopped(String),
 }
 
 /// Result with flint-core's [`Error`].

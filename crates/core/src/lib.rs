@@ -8,6 +8,7 @@
 //! - [`kernels`]: the WGSL kernel library (in `shaders/`) and the Rust launchers that record them.
 
 pub mod chat;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod gguf;

@@ -139,7 +139,7 @@ struct RunFigures {
 
 /// Real text for the prompt (the licence flint is tested on, else a fixed sentence), repeated
 /// to the length asked for.
-fn prompt_ids(tokenizer: &Tokenizer, tokens: usize) -> Vec<u32> {
+pub fn prompt_ids(tokenizer: &Tokenizer, tokens: usize) -> Vec<u32> {
     let text = std::fs::read_to_string("/usr/share/common-licenses/Apache-2.0")
         .unwrap_or_else(|_| "The quick brown fox jumps over the lazy dog. ".repeat(64));
     let ids = tokenizer.encode(&text, false, false);

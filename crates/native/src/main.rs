@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod bench;
+mod engine_bench;
 
 use clap::{Args, Parser, Subcommand};
 use std::time::Instant;
@@ -97,6 +98,11 @@ struct BenchArgs {
     /// Timed runs after the warm-up; the median is reported.
     #[arg(long, default_value_t = 3, value_name = "N")]
     repeats: usize,
+    /// Measure the engine instead (continuous batching, sampling and streaming, as a server
+    /// runs it): aggregate decode tokens/s at each of these numbers of concurrent streams,
+    /// e.g. `--streams 1,4,16`.
+    #[arg(long, value_name = "N,N,..", value_delimiter = ',', conflicts_with = "concurrency")]
+    streams: Vec<usize>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -220,6 +226,7 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         top_k: args.top_k,
         min_p: args.min_p,
         seed: args.seed,
+        ..SamplingParams::default()
     };
     let mut out = std::io::stdout().lock();
     let mut write_error = None;
@@ -263,6 +270,9 @@ fn bench_command(args: &BenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let (file, tokenizer, model) = load(&args.model)?;
     let load_s = started.elapsed().as_secs_f64();
+    if !args.streams.is_empty() {
+        return engine_bench_command(args, tokenizer, model);
+    }
     let options = bench::BenchOptions {
         prompt_tokens: args.prompt_tokens,
         gen_tokens: args.gen_tokens,
@@ -303,6 +313,46 @@ fn bench_command(args: &BenchArgs) -> anyhow::Result<()> {
         "dispatches:     {:.0} per decode step, {:.1} per layer",
         r.dispatches_per_decode_step, r.dispatches_per_layer
     )?;
+    Ok(())
+}
+
+fn engine_bench_command(args: &BenchArgs, tokenizer: Tokenizer, model: Model) -> anyhow::Result<()> {
+    let adapter = model.gpu().adapter_info().name.clone();
+    let prompt = bench::prompt_ids(&tokenizer, args.prompt_tokens);
+    let most = args.streams.iter().copied().max().unwrap_or(1);
+    let (engine, step_loop) =
+        engine_bench::start(model, tokenizer, most, args.prompt_tokens + args.gen_tokens)?;
+    let reports = engine_bench::run(&engine, &prompt, args.gen_tokens, &args.streams, args.repeats);
+    drop(engine);
+    step_loop.join().map_err(|_| anyhow::anyhow!("the engine's step loop panicked"))?;
+    let reports = reports?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let report = serde_json::json!({
+            "adapter": adapter,
+            "prompt_tokens": args.prompt_tokens,
+            "gen_tokens": args.gen_tokens,
+            "repeats": args.repeats,
+            "streams": reports,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+        return Ok(());
+    }
+    writeln!(out, "adapter:  {adapter}")?;
+    writeln!(
+        out,
+        "workload: {} prompt + {} generated tokens per stream, greedy, median of {} runs",
+        args.prompt_tokens, args.gen_tokens, args.repeats
+    )?;
+    writeln!(out, "{:>8} {:>16} {:>12} {:>16}", "streams", "decode tok/s", "vs 1 stream", "first token s")?;
+    for r in &reports {
+        let ratio = r.ratio_to_one_stream.map_or("-".to_string(), |x| format!("{x:.2}x"));
+        writeln!(
+            out,
+            "{:>8} {:>16.2} {:>12} {:>16.3}",
+            r.streams, r.decode_tokens_per_s, ratio, r.time_to_first_token_s
+        )?;
+    }
     Ok(())
 }
 

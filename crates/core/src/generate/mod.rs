@@ -54,10 +54,12 @@ pub async fn generate(
     fallback_seed: u64,
     on_text: &mut dyn FnMut(&str, &[u32]),
 ) -> Result<Generation> {
-    let mut sampler = Sampler::new(params, fallback_seed)?;
+    check_prompt(model, prompt_ids)?;
+    let vocab_size = model.config().vocab_size;
+    let mut sampler =
+        Sampler::new(params, fallback_seed, vocab_size, prompt_ids, tokenizer.end_of_generation())?;
     let max_new_tokens = sampler.params().max_new_tokens;
     let context = model.config().context_length;
-    check_prompt(model, prompt_ids)?;
     if prompt_ids.len() + max_new_tokens > context {
         return Err(Error::InvalidParameter {
             field: "max_new_tokens",
@@ -74,7 +76,7 @@ pub async fn generate(
     cache.append(&mut table, prompt_ids.len())?;
     let mut logits = Some(prefill(model, &cache, &table, prompt_ids)?);
 
-    let mut detokenizer = Detokenizer::after_prompt(true);
+    let mut detokenizer = Detokenizer::after_prompt(sampler.params().skip_special_tokens);
     let mut generation = Generation {
         text: String::new(),
         output_ids: Vec::new(),
@@ -89,7 +91,7 @@ pub async fn generate(
         };
         let token = sampler.sample(&row)?;
         generation.output_ids.push(token);
-        if tokenizer.is_end_of_generation(token) {
+        if sampler.is_stop_token(token) {
             generation.finish_reason = FinishReason::Stop { matched: token };
             on_text("", &[token]);
             break;

@@ -2,12 +2,20 @@
 //! of blocks, and one block table per sequence.
 //!
 //! A [`KvCache`] owns, per layer, a K and a V tensor `[num_blocks, block_size, n_kv_heads,
-//! head_dim]` (the [`KvCacheLayer`] the attention kernels read) and a [`BlockAllocator`]. A
-//! sequence's [`KvBlockTable`] lists the blocks it owns in position order: its token at
+//! head_dim]` (the [`KvCacheLayer`] the attention kernels read) and a [`BlockPool`]. A
+//! sequence's [`KvBlockTable`] lists the blocks it uses in position order: its token at
 //! position `p` lives in slot `blocks[p / block_size] * block_size + p % block_size` of every
-//! layer. [`KvCache::append`] reserves slots for new tokens (taking blocks from the free list
-//! as the sequence crosses block boundaries) before a forward pass writes them, and
-//! [`KvCache::release`] returns a finished sequence's blocks.
+//! layer. [`KvCache::append`] reserves slots for new tokens (taking blocks from the pool as the
+//! sequence crosses block boundaries) before a forward pass writes them, and
+//! [`KvCache::release`] gives a finished sequence's blocks back.
+//!
+//! The prefix cache: once a forward pass has written a full block, [`KvCache::cache_prefix`]
+//! registers it under the hash of every token up to its end; when the sequence is released the
+//! block stays *cached* rather than free, and a later sequence that starts with the same tokens
+//! takes it back through [`KvCache::match_prefix`] instead of recomputing it (a chat's system
+//! prompt, the earlier turns of a conversation). Cached blocks are evicted, least recently used
+//! first, when a fresh block is needed; full blocks may be shared by many tables at once, and
+//! since a table only ever appends after its shared blocks, nobody writes a shared block.
 //!
 //! The cache knows nothing of models or requests: the scheduler decides who appends and who is
 //! released, the model's forward pass writes and reads the slots.
@@ -29,7 +37,11 @@
 //! # }
 //! ```
 
+mod blocks;
+
 use std::ops::Range;
+
+pub use blocks::{BlockPool, PrefixKey};
 
 use crate::gpu::{GpuContext, Tensor};
 use crate::kernels::attention::KvCacheLayer;
@@ -53,45 +65,6 @@ impl KvCacheShape {
     }
 }
 
-/// A free list of block ids `0 .. num_blocks`.
-///
-/// Blocks are handed out lowest id first, so a fresh cache fills from the front.
-#[derive(Clone, Debug)]
-pub struct BlockAllocator {
-    /// Free block ids, the next one to hand out last.
-    free: Vec<u32>,
-    num_blocks: usize,
-}
-
-impl BlockAllocator {
-    /// An allocator with every one of `num_blocks` blocks free.
-    pub fn new(num_blocks: u32) -> Self {
-        BlockAllocator { free: (0..num_blocks).rev().collect(), num_blocks: num_blocks as usize }
-    }
-
-    /// Takes a free block, or `None` when every block is in use.
-    pub fn allocate(&mut self) -> Option<u32> {
-        self.free.pop()
-    }
-
-    /// Returns a block to the free list. The block must come from [`BlockAllocator::allocate`]
-    /// and not be free already.
-    pub fn release(&mut self, block: u32) {
-        debug_assert!((block as usize) < self.num_blocks && !self.free.contains(&block), "block {block}");
-        self.free.push(block);
-    }
-
-    /// Blocks not in use.
-    pub fn free_blocks(&self) -> usize {
-        self.free.len()
-    }
-
-    /// Every block, free or not.
-    pub fn num_blocks(&self) -> usize {
-        self.num_blocks
-    }
-}
-
 /// The blocks of one sequence's keys and values, in position order, and how many token
 /// positions have been reserved in them.
 ///
@@ -102,6 +75,8 @@ pub struct KvBlockTable {
     blocks: Vec<u32>,
     tokens: usize,
     block_size_tokens: usize,
+    /// The prefix keys of the first blocks, those registered in (or taken from) the prefix cache.
+    keys: Vec<PrefixKey>,
 }
 
 impl KvBlockTable {
@@ -142,7 +117,7 @@ pub struct KvCache {
     shape: KvCacheShape,
     block_size_tokens: usize,
     layers: Vec<LayerTensors>,
-    allocator: BlockAllocator,
+    blocks: BlockPool,
 }
 
 impl KvCache {
@@ -193,7 +168,7 @@ impl KvCache {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { shape, block_size_tokens, layers, allocator: BlockAllocator::new(num_blocks) })
+        Ok(KvCache { shape, block_size_tokens, layers, blocks: BlockPool::new(num_blocks) })
     }
 
     /// The shape of a token's keys and values.
@@ -206,14 +181,25 @@ impl KvCache {
         self.block_size_tokens
     }
 
-    /// Every block, free or not.
+    /// Every block, in use or not.
     pub fn num_blocks(&self) -> usize {
-        self.allocator.num_blocks()
+        self.blocks.num_blocks()
     }
 
-    /// Blocks not owned by any sequence.
+    /// Blocks no sequence uses, which [`KvCache::append`] can take: free ones and those of the
+    /// prefix cache.
     pub fn free_blocks(&self) -> usize {
-        self.allocator.free_blocks()
+        self.blocks.available_blocks()
+    }
+
+    /// Blocks no sequence uses that hold a cached prefix.
+    pub fn cached_blocks(&self) -> usize {
+        self.blocks.cached_blocks()
+    }
+
+    /// Blocks listed by at least one sequence's table.
+    pub fn used_blocks(&self) -> usize {
+        self.blocks.held_blocks()
     }
 
     /// Tokens the whole cache holds.
@@ -232,7 +218,53 @@ impl KvCache {
 
     /// An empty block table for a new sequence.
     pub fn new_sequence(&self) -> KvBlockTable {
-        KvBlockTable { blocks: Vec::new(), tokens: 0, block_size_tokens: self.block_size_tokens }
+        KvBlockTable {
+            blocks: Vec::new(),
+            tokens: 0,
+            block_size_tokens: self.block_size_tokens,
+            keys: Vec::new(),
+        }
+    }
+
+    /// A table for a new sequence of `tokens` that starts with the longest run of whole blocks
+    /// found in the prefix cache: their positions are reserved and hold their keys and values
+    /// already, so the sequence's forward passes start at `table.tokens()`. At most `max_tokens`
+    /// tokens are matched (a caller that needs the logits of the prompt's last token passes
+    /// `tokens.len() - 1`, so that token is computed).
+    pub fn match_prefix(&mut self, tokens: &[u32], max_tokens: usize) -> KvBlockTable {
+        let mut table = self.new_sequence();
+        let limit = max_tokens.min(tokens.len());
+        for block_tokens in tokens[..limit].chunks_exact(self.block_size_tokens) {
+            let parent = table.keys.last().copied();
+            let key = PrefixKey::new(parent, block_tokens);
+            let Some(block) = self.blocks.lookup(key, parent, block_tokens) else { break };
+            self.blocks.retain(block);
+            table.blocks.push(block);
+            table.keys.push(key);
+            table.tokens += self.block_size_tokens;
+        }
+        table
+    }
+
+    /// Registers in the prefix cache every full block of `table` not registered yet whose keys
+    /// and values have been computed: `computed` are the sequence's tokens from position 0 up
+    /// to where a finished forward pass has written (at most `table.tokens()` of them).
+    pub fn cache_prefix(&mut self, table: &mut KvBlockTable, computed: &[u32]) {
+        let block_size = self.block_size_tokens;
+        let full_blocks = computed.len().min(table.tokens) / block_size;
+        for index in table.keys.len()..full_blocks {
+            let block_tokens = &computed[index * block_size..(index + 1) * block_size];
+            let parent = table.keys.last().copied();
+            let key = PrefixKey::new(parent, block_tokens);
+            self.blocks.register(table.blocks[index], key, parent, block_tokens);
+            table.keys.push(key);
+        }
+    }
+
+    /// Forgets every cached prefix: blocks no sequence uses become free, and blocks in use are
+    /// no longer offered to new sequences.
+    pub fn flush_prefix_cache(&mut self) {
+        self.blocks.flush();
     }
 
     /// Reserves the next `tokens` positions of `table`'s sequence, taking blocks from the free
@@ -247,26 +279,29 @@ impl KvCache {
         }
         let end = table.tokens + tokens;
         let needed_blocks = end.div_ceil(self.block_size_tokens).saturating_sub(table.blocks.len());
-        if needed_blocks > self.allocator.free_blocks() {
+        if needed_blocks > self.blocks.available_blocks() {
             return Err(Error::KvCacheFull {
                 needed_blocks,
-                free_blocks: self.allocator.free_blocks(),
+                free_blocks: self.blocks.available_blocks(),
                 block_size_tokens: self.block_size_tokens,
             });
         }
         for _ in 0..needed_blocks {
             // Cannot fail: there were enough free blocks.
-            table.blocks.extend(self.allocator.allocate());
+            table.blocks.extend(self.blocks.allocate());
         }
         let positions = table.tokens..end;
         table.tokens = end;
         Ok(positions)
     }
 
-    /// Returns the blocks of a finished (or aborted) sequence to the free list.
+    /// Gives back the blocks of a finished (or aborted) sequence: those no other sequence uses
+    /// become free, or cached when they hold a registered prefix.
     pub fn release(&mut self, table: KvBlockTable) {
-        for block in table.blocks {
-            self.allocator.release(block);
+        // Last block first: a cached prefix is evicted from its end, so what stays cached is
+        // still reachable from the start.
+        for block in table.blocks.into_iter().rev() {
+            self.blocks.release(block);
         }
     }
 }
@@ -322,6 +357,59 @@ mod tests {
         assert_eq!(cache.append(&mut a, 2).unwrap(), 6..8);
         assert!(cache.append(&mut a, 1).is_err());
         assert_eq!(a.tokens(), 8);
+    }
+
+    #[test]
+    fn released_prefixes_are_matched_shared_and_evicted_last() {
+        let mut cache = KvCache::new(gpu(), SHAPE, 4, 24).unwrap();
+        let prompt: Vec<u32> = (100..111).collect(); // 11 tokens: 2 full blocks and 3 more
+        let mut a = cache.new_sequence();
+        cache.append(&mut a, prompt.len()).unwrap();
+        // Only what a forward pass has computed is registered: 6 tokens, 1 full block.
+        cache.cache_prefix(&mut a, &prompt[..6]);
+        cache.cache_prefix(&mut a, &prompt);
+        let a_blocks = a.blocks().to_vec();
+        cache.release(a);
+        assert_eq!((cache.cached_blocks(), cache.used_blocks(), cache.free_blocks()), (2, 0, 6));
+
+        let mut b = cache.match_prefix(&prompt, prompt.len() - 1);
+        assert_eq!((b.tokens(), b.blocks()), (8, &a_blocks[..2]));
+        let mut c = cache.match_prefix(&prompt[..9], 8);
+        assert_eq!(c.blocks(), &a_blocks[..2], "shared by two tables at once");
+        assert_eq!((cache.cached_blocks(), cache.used_blocks()), (0, 2));
+        let short = cache.match_prefix(&prompt, 7);
+        assert_eq!(short.tokens(), 4, "at most max_tokens");
+        cache.release(short);
+        let other: Vec<u32> = [100, 101, 102, 999].into();
+        assert_eq!(cache.match_prefix(&other, 4).tokens(), 0, "a different block misses");
+
+        // Appends after a match take fresh blocks; a matched table keeps the chain going.
+        assert_eq!(cache.append(&mut b, 3).unwrap(), 8..11);
+        cache.cache_prefix(&mut b, &prompt);
+        cache.append(&mut c, 1).unwrap();
+        cache.release(c);
+        cache.release(b);
+        cache.flush_prefix_cache();
+        assert_eq!((cache.cached_blocks(), cache.free_blocks()), (0, cache.num_blocks()));
+        assert_eq!(cache.match_prefix(&prompt, 10).tokens(), 0, "flushed");
+    }
+
+    #[test]
+    fn eviction_takes_a_cached_prefix_from_its_end() {
+        let mut cache = KvCache::new(gpu(), SHAPE, 4, 12).unwrap(); // 3 blocks
+        let prompt: Vec<u32> = (0..8).collect();
+        let mut a = cache.new_sequence();
+        cache.append(&mut a, prompt.len()).unwrap();
+        cache.cache_prefix(&mut a, &prompt);
+        cache.release(a);
+        // Two fresh blocks: the free one, then the cached prefix's last block.
+        let mut b = cache.new_sequence();
+        cache.append(&mut b, 8).unwrap();
+        assert_eq!(cache.cached_blocks(), 1);
+        let matched = cache.match_prefix(&prompt, prompt.len());
+        assert_eq!(matched.tokens(), 4, "the prefix's first block is still reachable");
+        cache.release(matched);
+        cache.release(b);
     }
 
     #[test]

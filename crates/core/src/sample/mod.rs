@@ -1,18 +1,24 @@
-//! Choosing the next token from a row of logits: greedy, or temperature with top-k, top-p and
-//! min-p filtering, from a seeded random source so a request with a seed is reproducible.
+//! Choosing the next token from a row of logits: logit bias and repetition, frequency and
+//! presence penalties first, then greedy, or temperature with top-k, top-p and min-p filtering,
+//! from a seeded random source so a request with a seed is reproducible whatever batch it is in.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::{Error, Result};
 
-/// How to choose tokens (the subset of the request contract's sampling parameters that the
-/// single-sequence generator applies; defaults as in the design brief).
+/// How to choose tokens: the request contract's sampling parameters, with the design brief's
+/// defaults and valid ranges.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct SamplingParams {
-    /// Tokens to generate at most.
+    /// Tokens to generate at most; at least 1.
     pub max_new_tokens: usize,
+    /// Tokens to generate before a stop token may end the sequence (stop tokens are masked
+    /// until then); at most `max_new_tokens`.
+    pub min_new_tokens: usize,
     /// Softmax temperature; below 1e-6 means greedy.
     pub temperature: f32,
     /// Keep the smallest set of most likely tokens whose probability reaches `top_p`; in (0, 1].
@@ -21,19 +27,48 @@ pub struct SamplingParams {
     pub top_k: i32,
     /// Drop tokens less likely than `min_p` times the most likely one; in [0, 1].
     pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of every token already in the prompt or
+    /// the output; in (0, 2], 1 is off.
+    pub repetition_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated; in [-2, 2].
+    pub frequency_penalty: f32,
+    /// Subtracted from a token's logit if it was generated at all; in [-2, 2].
+    pub presence_penalty: f32,
+    /// Strings that end the sequence when the text contains them; never part of the output.
+    pub stop: Vec<String>,
+    /// Tokens that end the sequence, besides the model's end-of-generation tokens.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past the model's end-of-generation tokens (`stop_token_ids` still stop).
+    pub ignore_eos: bool,
+    /// Leave special tokens (control and user-defined) out of the output text.
+    pub skip_special_tokens: bool,
     /// Seed of the random source; `None` draws one.
     pub seed: Option<u64>,
+    /// Samples per prompt; sample `i` of a seeded request uses seed `seed + i`.
+    pub n: usize,
+    /// Added to the logit of each listed token before sampling (`-inf` bans it).
+    pub logit_bias: BTreeMap<u32, f32>,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
             max_new_tokens: 128,
+            min_new_tokens: 0,
             temperature: 1.0,
             top_p: 1.0,
             top_k: -1,
             min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            skip_special_tokens: true,
             seed: None,
+            n: 1,
+            logit_bias: BTreeMap::new(),
         }
     }
 }
@@ -41,12 +76,26 @@ impl Default for SamplingParams {
 /// Temperatures below this are greedy decoding.
 const GREEDY_BELOW: f32 = 1e-6;
 
+/// The most samples one request may ask for.
+pub const MAX_SAMPLES_PER_PROMPT: usize = 128;
+
 impl SamplingParams {
-    /// Checks every field's range; the error names the field and its valid range.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks every field's range for a model with `vocab_size` tokens; the error names the
+    /// field and its valid range.
+    pub fn validate(&self, vocab_size: usize) -> Result<()> {
         let invalid = |field: &'static str, value: String, range: &str| {
             Err(Error::InvalidParameter { field, reason: format!("{value} is outside {range}") })
         };
+        if self.max_new_tokens == 0 {
+            return invalid("max_new_tokens", "0".into(), "[1, context left)");
+        }
+        if self.min_new_tokens > self.max_new_tokens {
+            return invalid(
+                "min_new_tokens",
+                self.min_new_tokens.to_string(),
+                &format!("[0, max_new_tokens = {}]", self.max_new_tokens),
+            );
+        }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return invalid("temperature", self.temperature.to_string(), "[0, inf) (0 means greedy)");
         }
@@ -59,6 +108,40 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return invalid("min_p", self.min_p.to_string(), "[0, 1]");
         }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
+            return invalid("repetition_penalty", self.repetition_penalty.to_string(), "(0, 2] (1 is off)");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return invalid("frequency_penalty", self.frequency_penalty.to_string(), "[-2, 2]");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return invalid("presence_penalty", self.presence_penalty.to_string(), "[-2, 2]");
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(Error::InvalidParameter { field: "stop", reason: "a stop string is empty".into() });
+        }
+        if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return invalid("stop_token_ids", id.to_string(), &format!("the vocabulary [0, {vocab_size})"));
+        }
+        if !(1..=MAX_SAMPLES_PER_PROMPT).contains(&self.n) {
+            return invalid("n", self.n.to_string(), &format!("[1, {MAX_SAMPLES_PER_PROMPT}]"));
+        }
+        for (&id, &bias) in &self.logit_bias {
+            if id as usize >= vocab_size {
+                return invalid(
+                    "logit_bias",
+                    format!("token {id}"),
+                    &format!("the vocabulary [0, {vocab_size})"),
+                );
+            }
+            if bias.is_nan() || bias == f32::INFINITY {
+                return invalid(
+                    "logit_bias",
+                    format!("{bias} for token {id}"),
+                    "finite values or -inf (a ban)",
+                );
+            }
+        }
         Ok(())
     }
 
@@ -66,23 +149,64 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature < GREEDY_BELOW || self.top_k == 1
     }
+
+    /// True when the logits row is used as it is: no bias, no penalty.
+    fn leaves_logits_alone(&self) -> bool {
+        self.logit_bias.is_empty()
+            && self.repetition_penalty == 1.0
+            && self.frequency_penalty == 0.0
+            && self.presence_penalty == 0.0
+    }
 }
 
-/// Draws tokens for one sequence.
+/// Draws tokens for one sequence, and remembers what it drew for the penalties.
 pub struct Sampler {
     params: SamplingParams,
     rng: SmallRng,
-    /// Scratch: (token, probability) of the candidates still in play.
+    /// Tokens that end the sequence: `stop_token_ids` and, unless `ignore_eos`, the model's.
+    stop_tokens: Vec<u32>,
+    /// Times each token was generated (frequency and presence penalties).
+    generated_counts: HashMap<u32, u32>,
+    /// Tokens of the prompt and the output (repetition penalty); empty when that is off.
+    seen: HashSet<u32>,
+    generated: usize,
+    /// Scratch: the row after bias and penalties.
+    adjusted: Vec<f32>,
+    /// Scratch: (token, weight) of the candidates still in play.
     candidates: Vec<(u32, f32)>,
 }
 
 impl Sampler {
-    /// A sampler for `params` (validated here). Without a seed, `fallback_seed` is used: the
-    /// host supplies entropy, since the core has no clock or OS randomness of its own on the web.
-    pub fn new(params: SamplingParams, fallback_seed: u64) -> Result<Self> {
-        params.validate()?;
+    /// A sampler for `params` (validated here against `vocab_size`), continuing `prompt`, for a
+    /// model whose end-of-generation tokens are `end_tokens`. Without a seed, `fallback_seed` is
+    /// used: the host supplies entropy, since the core has no OS randomness of its own on the web.
+    pub fn new(
+        params: SamplingParams,
+        fallback_seed: u64,
+        vocab_size: usize,
+        prompt: &[u32],
+        end_tokens: &[u32],
+    ) -> Result<Self> {
+        params.validate(vocab_size)?;
         let rng = SmallRng::seed_from_u64(params.seed.unwrap_or(fallback_seed));
-        Ok(Sampler { params, rng, candidates: Vec::new() })
+        let mut stop_tokens = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_tokens.extend_from_slice(end_tokens);
+        }
+        stop_tokens.sort_unstable();
+        stop_tokens.dedup();
+        let seen =
+            if params.repetition_penalty == 1.0 { HashSet::new() } else { prompt.iter().copied().collect() };
+        Ok(Sampler {
+            params,
+            rng,
+            stop_tokens,
+            generated_counts: HashMap::new(),
+            seen,
+            generated: 0,
+            adjusted: Vec::new(),
+            candidates: Vec::new(),
+        })
     }
 
     /// The parameters.
@@ -90,56 +214,115 @@ impl Sampler {
         &self.params
     }
 
-    /// Chooses the next token from `logits` (one row over the vocabulary). NaN logits are
-    /// never chosen; a row with no finite logit is an error.
-    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
-        let best = argmax(logits).ok_or_else(|| Error::InvalidParameter {
-            field: "logits",
-            reason: "the row has no finite value".into(),
-        })?;
-        if self.params.is_greedy() {
-            return Ok(best);
-        }
-        let inv_temperature = 1.0 / self.params.temperature;
-        let max_logit = logits[best as usize];
-        self.candidates.clear();
-        self.candidates.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.is_finite())
-                .map(|(i, &l)| (i as u32, ((l - max_logit) * inv_temperature).exp())),
-        );
-        // Most likely first; ties by id so the order (and so a seeded draw) is deterministic.
-        let by_probability = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if self.params.top_k > 0 && (self.params.top_k as usize) < self.candidates.len() {
-            let k = self.params.top_k as usize;
-            self.candidates.select_nth_unstable_by(k - 1, by_probability);
-            self.candidates.truncate(k);
-        }
-        self.candidates.sort_unstable_by(by_probability);
-        let total: f32 = self.candidates.iter().map(|c| c.1).sum();
-        // min-p: relative to the most likely token, whose weight is exp(0) = 1 before scaling.
-        let min_weight = self.params.min_p * self.candidates[0].1;
-        let mut kept = 0;
-        let mut mass = 0.0;
-        for &(_, weight) in &self.candidates {
-            if kept > 0 && (weight < min_weight || mass >= self.params.top_p * total) {
-                break;
-            }
-            mass += weight;
-            kept += 1;
-        }
-        self.candidates.truncate(kept);
-        let mut draw = self.rng.random::<f32>() * mass;
-        for &(token, weight) in &self.candidates {
-            if draw < weight {
-                return Ok(token);
-            }
-            draw -= weight;
-        }
-        Ok(self.candidates[kept - 1].0)
+    /// Whether `token` ends the sequence.
+    pub fn is_stop_token(&self, token: u32) -> bool {
+        self.stop_tokens.binary_search(&token).is_ok()
     }
+
+    /// Chooses the next token from `logits` (one row over the vocabulary) and records it for
+    /// the penalties. NaN logits are never chosen; a row with no finite logit left (after bias
+    /// and the masking of stop tokens before `min_new_tokens`) is an error.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
+        let masks_stops = self.generated < self.params.min_new_tokens && !self.stop_tokens.is_empty();
+        let row = if self.params.leaves_logits_alone() && !masks_stops {
+            logits
+        } else {
+            self.adjust(logits, masks_stops);
+            &self.adjusted
+        };
+        let token = choose(&self.params, &mut self.rng, &mut self.candidates, row)?;
+        self.generated += 1;
+        *self.generated_counts.entry(token).or_default() += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token);
+        }
+        Ok(token)
+    }
+
+    /// Writes `logits` with bias, penalties and stop-token masking applied into `adjusted`.
+    fn adjust(&mut self, logits: &[f32], masks_stops: bool) {
+        let params = &self.params;
+        self.adjusted.clear();
+        self.adjusted.extend_from_slice(logits);
+        let row = &mut self.adjusted;
+        for (&id, &bias) in &params.logit_bias {
+            if let Some(logit) = row.get_mut(id as usize) {
+                *logit += bias;
+            }
+        }
+        let penalty = params.repetition_penalty;
+        for &id in &self.seen {
+            if let Some(logit) = row.get_mut(id as usize) {
+                *logit = if *logit > 0.0 { *logit / penalty } else { *logit * penalty };
+            }
+        }
+        for (&id, &count) in &self.generated_counts {
+            if let Some(logit) = row.get_mut(id as usize) {
+                *logit -= params.frequency_penalty * count as f32 + params.presence_penalty;
+            }
+        }
+        if masks_stops {
+            for &id in &self.stop_tokens {
+                if let Some(logit) = row.get_mut(id as usize) {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+/// Chooses a token from `row` under `params`' temperature and filters.
+fn choose(
+    params: &SamplingParams,
+    rng: &mut SmallRng,
+    candidates: &mut Vec<(u32, f32)>,
+    row: &[f32],
+) -> Result<u32> {
+    let best = argmax(row).ok_or_else(|| Error::InvalidParameter {
+        field: "logits",
+        reason: "the row has no finite value".into(),
+    })?;
+    if params.is_greedy() {
+        return Ok(best);
+    }
+    let inv_temperature = 1.0 / params.temperature;
+    let max_logit = row[best as usize];
+    candidates.clear();
+    candidates.extend(
+        row.iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, ((l - max_logit) * inv_temperature).exp())),
+    );
+    // Most likely first; ties by id so the order (and so a seeded draw) is deterministic.
+    let by_probability = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if params.top_k > 0 && (params.top_k as usize) < candidates.len() {
+        let k = params.top_k as usize;
+        candidates.select_nth_unstable_by(k - 1, by_probability);
+        candidates.truncate(k);
+    }
+    candidates.sort_unstable_by(by_probability);
+    let total: f32 = candidates.iter().map(|c| c.1).sum();
+    // min-p: relative to the most likely token, whose weight is exp(0) = 1 before scaling.
+    let min_weight = params.min_p * candidates[0].1;
+    let mut kept = 0;
+    let mut mass = 0.0;
+    for &(_, weight) in candidates.iter() {
+        if kept > 0 && (weight < min_weight || mass >= params.top_p * total) {
+            break;
+        }
+        mass += weight;
+        kept += 1;
+    }
+    candidates.truncate(kept);
+    let mut draw = rng.random::<f32>() * mass;
+    for &(token, weight) in candidates.iter() {
+        if draw < weight {
+            return Ok(token);
+        }
+        draw -= weight;
+    }
+    Ok(candidates[kept - 1].0)
 }
 
 /// Index of the largest finite value (the first one on ties), or `None` if there is none.
@@ -160,12 +343,29 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     logits.iter().map(|&l| l as f64 - log_sum).collect()
 }
 
+/// The `n` largest entries of `logprobs` as (token, logprob), most likely first, ties by id;
+/// NaN entries are skipped.
+pub fn top_logprobs(logprobs: &[f64], n: usize) -> Vec<(u32, f64)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut entries: Vec<(u32, f64)> =
+        logprobs.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l)).collect();
+    let by_logprob = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if n < entries.len() {
+        entries.select_nth_unstable_by(n - 1, by_logprob);
+        entries.truncate(n);
+    }
+    entries.sort_unstable_by(by_logprob);
+    entries
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn sampler(params: SamplingParams) -> Sampler {
-        Sampler::new(params, 7).unwrap()
+        Sampler::new(params, 7, 1000, &[], &[]).unwrap()
     }
 
     #[test]
@@ -236,10 +436,40 @@ mod tests {
             SamplingParams { top_k: 0, ..Default::default() },
             SamplingParams { top_k: -2, ..Default::default() },
             SamplingParams { min_p: 1.1, ..Default::default() },
+            SamplingParams { max_new_tokens: 0, ..Default::default() },
+            SamplingParams { min_new_tokens: 200, ..Default::default() },
+            SamplingParams { repetition_penalty: 0.0, ..Default::default() },
+            SamplingParams { repetition_penalty: 2.5, ..Default::default() },
+            SamplingParams { frequency_penalty: 2.1, ..Default::default() },
+            SamplingParams { presence_penalty: -3.0, ..Default::default() },
+            SamplingParams { stop: vec![String::new()], ..Default::default() },
+            SamplingParams { stop_token_ids: vec![1000], ..Default::default() },
+            SamplingParams { n: 0, ..Default::default() },
+            SamplingParams { logit_bias: [(1000, 1.0)].into(), ..Default::default() },
+            SamplingParams { logit_bias: [(3, f32::NAN)].into(), ..Default::default() },
         ];
-        let fields = ["temperature", "temperature", "top_p", "top_p", "top_k", "top_k", "min_p"];
+        let fields = [
+            "temperature",
+            "temperature",
+            "top_p",
+            "top_p",
+            "top_k",
+            "top_k",
+            "min_p",
+            "max_new_tokens",
+            "min_new_tokens",
+            "repetition_penalty",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "stop",
+            "stop_token_ids",
+            "n",
+            "logit_bias",
+            "logit_bias",
+        ];
         for (params, field) in bad.into_iter().zip(fields) {
-            let err = Sampler::new(params, 0).err().unwrap().to_string();
+            let err = Sampler::new(params, 0, 1000, &[], &[]).err().unwrap().to_string();
             assert!(err.contains(field), "{err}");
         }
     }
@@ -250,5 +480,72 @@ mod tests {
         let total: f64 = lp.iter().map(|l| l.exp()).sum();
         assert!((total - 1.0).abs() < 1e-12);
         assert!((lp[2] - lp[1] - 1.0).abs() < 1e-12 && lp[3] == f64::NEG_INFINITY);
+    }
+
+    fn greedy_with(params: SamplingParams, prompt: &[u32], end_tokens: &[u32]) -> Sampler {
+        Sampler::new(SamplingParams { temperature: 0.0, ..params }, 0, 1000, prompt, end_tokens).unwrap()
+    }
+
+    #[test]
+    fn logit_bias_moves_and_bans_tokens() {
+        let logits = [1.0, 3.0, 2.0];
+        let mut s =
+            greedy_with(SamplingParams { logit_bias: [(2, 1.5)].into(), ..Default::default() }, &[], &[]);
+        assert_eq!(s.sample(&logits).unwrap(), 2);
+        let ban = [(1, f32::NEG_INFINITY)].into();
+        let mut s = greedy_with(SamplingParams { logit_bias: ban, ..Default::default() }, &[], &[]);
+        assert_eq!(s.sample(&logits).unwrap(), 2);
+    }
+
+    #[test]
+    fn penalties_push_away_from_repeats() {
+        let logits = [2.0, 1.9, -1.0, -1.05];
+        // Without a penalty token 0 wins every time.
+        let mut plain = greedy_with(SamplingParams::default(), &[], &[]);
+        assert_eq!((0..3).map(|_| plain.sample(&logits).unwrap()).collect::<Vec<_>>(), [0, 0, 0]);
+        // Presence: token 0 loses 0.5 once it was generated; then token 1 does too.
+        let mut presence =
+            greedy_with(SamplingParams { presence_penalty: 0.5, ..Default::default() }, &[], &[]);
+        assert_eq!((0..3).map(|_| presence.sample(&logits).unwrap()).collect::<Vec<_>>(), [0, 1, 0]);
+        // Frequency: each repeat costs 0.06, so token 0 (2.0) gives way to 1 (1.9) after two.
+        let mut frequency =
+            greedy_with(SamplingParams { frequency_penalty: 0.06, ..Default::default() }, &[], &[]);
+        assert_eq!((0..4).map(|_| frequency.sample(&logits).unwrap()).collect::<Vec<_>>(), [0, 0, 1, 0]);
+        // Repetition counts the prompt: 0 is in it, 2.0 / 1.2 < 1.9; negative logits are
+        // multiplied, so token 2 (in the prompt) falls below token 3 when 0 and 1 are banned.
+        let params = SamplingParams {
+            repetition_penalty: 1.2,
+            logit_bias: [(0, f32::NEG_INFINITY), (1, f32::NEG_INFINITY)].into(),
+            ..Default::default()
+        };
+        let mut repetition = greedy_with(params, &[2], &[]);
+        assert_eq!(repetition.sample(&logits).unwrap(), 3);
+        let mut repetition =
+            greedy_with(SamplingParams { repetition_penalty: 1.2, ..Default::default() }, &[0], &[]);
+        assert_eq!(repetition.sample(&logits).unwrap(), 1);
+    }
+
+    #[test]
+    fn stop_tokens_include_eos_unless_ignored_and_wait_for_min_new_tokens() {
+        let s = greedy_with(SamplingParams { stop_token_ids: vec![7], ..Default::default() }, &[], &[2]);
+        assert!(s.is_stop_token(7) && s.is_stop_token(2) && !s.is_stop_token(3));
+        let s = greedy_with(
+            SamplingParams { stop_token_ids: vec![7], ignore_eos: true, ..Default::default() },
+            &[],
+            &[2],
+        );
+        assert!(s.is_stop_token(7) && !s.is_stop_token(2));
+        // EOS (2) is the most likely token, but it is masked for the first two tokens.
+        let logits = [0.0, 1.0, 5.0];
+        let mut s = greedy_with(SamplingParams { min_new_tokens: 2, ..Default::default() }, &[], &[2]);
+        assert_eq!((0..3).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>(), [1, 1, 2]);
+    }
+
+    #[test]
+    fn top_logprobs_are_the_largest_in_order() {
+        let logprobs = [-3.0, -0.5, f64::NAN, -0.5, -9.0, -1.0];
+        assert_eq!(top_logprobs(&logprobs, 3), vec![(1, -0.5), (3, -0.5), (5, -1.0)]);
+        assert_eq!(top_logprobs(&logprobs, 0), vec![]);
+        assert_eq!(top_logprobs(&logprobs, 10).len(), 5);
     }
 }

@@ -1,0 +1,669 @@
+//! The engine: many requests served at once from one step loop, with continuous batching,
+//! chunked prefill, a paged KV cache with prefix caching, per-request sampling, streaming and
+//! abort.
+//!
+//! [`Engine::new`] returns a cheap-to-clone [`Engine`] handle and the [`StepLoop`], a future
+//! that owns the model, the KV cache and the scheduler. The host decides where the loop runs (a
+//! background thread natively, `wasm_bindgen_futures::spawn_local` in the browser); the core
+//! has no threads and no runtime of its own. Requests reach the loop through a channel and
+//! their outputs come back the same way: [`Engine::generate`] returns a [`GenerationStream`].
+//! Dropping the stream aborts its request at the next step and frees its KV blocks.
+//!
+//! Each step is one forward pass over the running batch: the next token of every decoding
+//! sequence and chunks of prompts, within a token budget (see `scheduler.rs`), then one
+//! readback of the rows of logits it produced, sampling, and the new text for every stream.
+//!
+//! ```no_run
+//! # async fn example() -> flint_core::Result<()> {
+//! use futures::StreamExt;
+//! use flint_core::engine::{Engine, EngineOptions, GenerateRequest, Prompts};
+//! use flint_core::gguf::GgufFile;
+//! use flint_core::gpu::{GpuContext, GpuOptions};
+//!
+//! let ctx = GpuContext::new(&GpuOptions::default()).await?;
+//! let file = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let (engine, step_loop) = Engine::load(ctx, &file, EngineOptions::default())?;
+//! // The host drives the step loop; here, next to the request on the same executor.
+//! let request = GenerateRequest {
+//!     text: Some(Prompts::One("The capital of France is".into())),
+//!     ..Default::default()
+//! };
+//! let mut stream = engine.generate(request);
+//! drop(engine); // the loop ends when every handle and stream is gone
+//! let client = async move {
+//!     while let Some(item) = stream.next().await {
+//!         print!("{}", item?.text);
+//!     }
+//!     flint_core::Result::Ok(())
+//! };
+//! let ((), result) = futures::future::join(step_loop.run(), client).await;
+//! result
+//! # }
+//! ```
+
+mod request;
+mod scheduler;
+mod sequence;
+mod stop;
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use async_channel::{Receiver, Sender};
+use futures::Stream;
+use serde::Serialize;
+use web_time::Instant;
+
+pub use request::{
+    FinishReason, GenerateOutput, GenerateRequest, Logprobs, MetaInfo, Prompts, StopMatch, TokenLogprob,
+};
+
+use crate::gguf::GgufFile;
+use crate::gpu::GpuContext;
+use crate::kv::KvCache;
+use crate::model::{LogitRows, Model, SequenceChunk};
+use crate::sample::Sampler;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use scheduler::{Limits, Planned, Scheduler};
+use sequence::{RequestHandle, Sequence};
+
+/// How the engine batches and caches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Sequences in the running batch at most; more wait their turn.
+    pub max_running: usize,
+    /// Tokens per forward pass at most: the decode tokens of the running batch plus chunks of
+    /// prompts. Bounds a step's latency, so a long prompt does not stall running streams.
+    pub step_token_budget: usize,
+    /// Tokens the KV cache holds over all sequences; by default the model's context, capped at
+    /// what one storage binding holds per layer.
+    pub kv_cache_tokens: Option<usize>,
+    /// Keep finished prompts' full KV blocks and reuse them for requests with the same prefix.
+    pub prefix_cache: bool,
+    /// Seeds the samplers of requests without a seed of their own (the core has no entropy of
+    /// its own on the web: the host passes some).
+    pub seed: u64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            max_running: 32,
+            step_token_budget: 256,
+            kv_cache_tokens: None,
+            prefix_cache: true,
+            seed: 0,
+        }
+    }
+}
+
+/// What the engine is doing, as of its last step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EngineMetrics {
+    /// Sequences in the running batch.
+    pub running_sequences: usize,
+    /// Sequences waiting for admission.
+    pub waiting_sequences: usize,
+    /// Blocks of the KV cache, all together.
+    pub kv_blocks_total: usize,
+    /// Blocks used by running sequences.
+    pub kv_blocks_used: usize,
+    /// Blocks no sequence uses that hold a cached prefix (reusable, or evicted when needed).
+    pub kv_blocks_cached: usize,
+    /// Blocks a new sequence can take: free and cached ones.
+    pub kv_blocks_free: usize,
+    /// Tokens per KV block.
+    pub kv_block_tokens: usize,
+    /// Prompt tokens of every admitted sequence.
+    pub prompt_tokens: u64,
+    /// Of those, tokens whose keys and values came from the prefix cache.
+    pub cached_prompt_tokens: u64,
+    /// `cached_prompt_tokens / prompt_tokens` (0 before any prompt).
+    pub prefix_cache_hit_rate: f64,
+    /// Tokens generated since the engine started.
+    pub generated_tokens: u64,
+    /// Tokens generated per second over the last steps.
+    pub generation_tokens_per_second: f64,
+    /// Forward passes run.
+    pub steps: u64,
+    /// Sequences preempted (and later recomputed) because the KV cache was full.
+    pub preemptions: u64,
+}
+
+/// A message to the step loop.
+enum Command {
+    Submit(Vec<Sequence>),
+    Abort(String),
+    FlushCache(futures::channel::oneshot::Sender<()>),
+}
+
+/// What the handles share.
+struct Shared {
+    commands: Sender<Command>,
+    tokenizer: Arc<Tokenizer>,
+    vocab_size: usize,
+    context_length: usize,
+    kv_capacity_tokens: usize,
+    metrics: Arc<Mutex<EngineMetrics>>,
+    next_id: AtomicU64,
+    seed: u64,
+}
+
+/// A handle on the engine: cheap to clone, shared by all callers.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+impl Engine {
+    /// An engine serving `model`, with `tokenizer` (the model's), and the step loop that runs
+    /// it. Nothing runs until the host polls the loop.
+    pub fn new(model: Model, tokenizer: Tokenizer, options: EngineOptions) -> Result<(Engine, StepLoop)> {
+        if options.max_running == 0 || options.step_token_budget < options.max_running {
+            return Err(Error::InvalidParameter {
+                field: "step_token_budget",
+                reason: format!(
+                    "{} tokens per step with up to {} running sequences: the budget must hold at least one \
+                     token of every running sequence, and at least one sequence must run",
+                    options.step_token_budget, options.max_running
+                ),
+            });
+        }
+        let config = model.config();
+        if tokenizer.vocab_size() > config.vocab_size {
+            return Err(Error::InvalidParameter {
+                field: "tokenizer",
+                reason: format!(
+                    "the tokenizer has {} tokens but the model's output has {}: they are not the same model's",
+                    tokenizer.vocab_size(),
+                    config.vocab_size
+                ),
+            });
+        }
+        let cache = model.new_kv_cache(options.kv_cache_tokens)?;
+        let limits = Limits {
+            max_running: options.max_running,
+            token_budget: options.step_token_budget,
+            max_logit_rows: model.max_logit_rows().max(1),
+            prefix_cache: options.prefix_cache,
+        };
+        let (commands, receiver) = async_channel::unbounded();
+        let tokenizer = Arc::new(tokenizer);
+        let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
+        let shared = Shared {
+            commands,
+            tokenizer: tokenizer.clone(),
+            vocab_size: config.vocab_size,
+            context_length: config.context_length,
+            kv_capacity_tokens: cache.capacity_tokens(),
+            metrics: metrics.clone(),
+            next_id: AtomicU64::new(0),
+            seed: options.seed,
+        };
+        let step_loop = StepLoop {
+            model,
+            tokenizer,
+            cache,
+            scheduler: Scheduler::new(limits),
+            commands: receiver,
+            metrics,
+            counters: Counters::default(),
+            prefix_cache: options.prefix_cache,
+        };
+        step_loop.publish_metrics();
+        Ok((Engine { shared: Arc::new(shared) }, step_loop))
+    }
+
+    /// Loads the model and tokenizer of a GGUF file onto `ctx`'s GPU and makes an engine of them.
+    pub fn load(ctx: Arc<GpuContext>, file: &GgufFile, options: EngineOptions) -> Result<(Engine, StepLoop)> {
+        let tokenizer = Tokenizer::from_gguf(file)?;
+        let model = Model::load(ctx, file)?;
+        Engine::new(model, tokenizer, options)
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.shared.tokenizer
+    }
+
+    /// Submits a request. The stream yields its outputs (see [`GenerateOutput`]) and ends after
+    /// the last one. A request that is invalid (no prompt, a token outside the vocabulary, a
+    /// sampling parameter out of range, more tokens than the context holds) yields one error,
+    /// naming what is wrong, and nothing is queued.
+    pub fn generate(&self, request: GenerateRequest) -> GenerationStream {
+        let (output, items) = async_channel::unbounded();
+        let submitted = self.prepare(request, output.clone()).and_then(|sequences| {
+            self.shared
+                .commands
+                .try_send(Command::Submit(sequences))
+                .map_err(|_| Error::EngineStopped("its step loop has ended".into()))
+        });
+        if let Err(error) = submitted {
+            // Unbounded and open: cannot fail.
+            let _ = output.try_send(Err(error));
+        }
+        GenerationStream { items: Box::pin(items) }
+    }
+
+    /// Aborts every request whose `rid` is `rid`: each of its sequences ends with
+    /// [`FinishReason::Abort`] at the next step, and its KV blocks are freed.
+    pub fn abort(&self, rid: &str) {
+        let _ = self.shared.commands.try_send(Command::Abort(rid.to_string()));
+    }
+
+    /// Empties the prefix cache: blocks no sequence uses become free.
+    pub async fn flush_cache(&self) -> Result<()> {
+        let (reply, done) = futures::channel::oneshot::channel();
+        self.shared
+            .commands
+            .try_send(Command::FlushCache(reply))
+            .map_err(|_| Error::EngineStopped("its step loop has ended".into()))?;
+        done.await.map_err(|_| Error::EngineStopped("its step loop ended before flushing".into()))
+    }
+
+    /// What the engine is doing, as of its last step.
+    pub fn metrics(&self) -> EngineMetrics {
+        self.shared.metrics.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Checks a request and turns it into sequences (one per prompt and sample).
+    fn prepare(
+        &self,
+        request: GenerateRequest,
+        output: Sender<Result<GenerateOutput>>,
+    ) -> Result<Vec<Sequence>> {
+        let shared = &*self.shared;
+        let prompts: Vec<Vec<u32>> = match (&request.text, &request.input_ids) {
+            (Some(text), None) => {
+                text.as_slice().iter().map(|t| shared.tokenizer.encode(t, true, true)).collect()
+            }
+            (None, Some(ids)) => ids.as_slice().to_vec(),
+            _ => {
+                return Err(Error::InvalidParameter {
+                    field: "text",
+                    reason: "give exactly one of `text` and `input_ids`".into(),
+                });
+            }
+        };
+        if prompts.is_empty() {
+            return Err(Error::InvalidParameter { field: "text", reason: "the batch has no prompts".into() });
+        }
+        let params = &request.sampling;
+        params.validate(shared.vocab_size)?;
+        for prompt in &prompts {
+            self.check_prompt(prompt, &request)?;
+        }
+        if request.top_logprobs_num > shared.vocab_size {
+            return Err(Error::InvalidParameter {
+                field: "top_logprobs_num",
+                reason: format!(
+                    "{} is more than the vocabulary's {} tokens",
+                    request.top_logprobs_num, shared.vocab_size
+                ),
+            });
+        }
+        let request_number = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let handle = Arc::new(RequestHandle {
+            rid: request.rid.clone().unwrap_or_else(|| format!("flint-{request_number}")),
+            stream: request.stream,
+            return_logprob: request.return_logprob,
+            top_logprobs_num: request.top_logprobs_num,
+            logprob_start_len: request.logprob_start_len,
+            submitted: Instant::now(),
+            output,
+        });
+        let samples = params.n;
+        let mut sequences = Vec::with_capacity(prompts.len() * samples);
+        for (prompt_index, prompt) in prompts.into_iter().enumerate() {
+            for sample in 0..samples {
+                let index = prompt_index * samples + sample;
+                let mut sample_params = params.clone();
+                // Samples of one prompt differ by seed; each is reproducible on its own.
+                sample_params.seed = params.seed.map(|s| s.wrapping_add(sample as u64));
+                let fallback = mix_seed(shared.seed, request_number, index as u64);
+                let sampler = Sampler::new(
+                    sample_params,
+                    fallback,
+                    shared.vocab_size,
+                    &prompt,
+                    shared.tokenizer.end_of_generation(),
+                )?;
+                let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+                sequences.push(Sequence::new(id, index, handle.clone(), prompt.clone(), sampler));
+            }
+        }
+        Ok(sequences)
+    }
+
+    fn check_prompt(&self, prompt: &[u32], request: &GenerateRequest) -> Result<()> {
+        let shared = &*self.shared;
+        if prompt.is_empty() {
+            return Err(Error::InvalidParameter { field: "text", reason: "a prompt has no tokens".into() });
+        }
+        if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= shared.vocab_size) {
+            return Err(Error::TokenOutOfVocabulary { id: bad, vocab_size: shared.vocab_size });
+        }
+        let max_new = request.sampling.max_new_tokens;
+        let needed = prompt.len() + max_new;
+        for (limit, what) in [
+            (shared.context_length, "the model's context"),
+            (shared.kv_capacity_tokens, "the engine's KV cache"),
+        ] {
+            if needed > limit {
+                return Err(Error::InvalidParameter {
+                    field: "max_new_tokens",
+                    reason: format!(
+                        "the prompt has {} tokens and {max_new} new tokens were asked for, more than {what} of \
+                         {limit} tokens; ask for at most {} new tokens or shorten the prompt",
+                        prompt.len(),
+                        limit.saturating_sub(prompt.len())
+                    ),
+                });
+            }
+        }
+        if let Some(start) = request.logprob_start_len
+            && start > prompt.len()
+        {
+            return Err(Error::InvalidParameter {
+                field: "logprob_start_len",
+                reason: format!("{start} is past the end of a prompt of {} tokens", prompt.len()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A seed for a request without one: distinct per engine seed, request and sequence.
+fn mix_seed(engine: u64, request: u64, index: u64) -> u64 {
+    // splitmix64's finaliser over the three.
+    let mut z =
+        engine ^ request.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ index.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The outputs of one request. Ends after its last item; dropping it aborts the request at the
+/// engine's next step.
+pub struct GenerationStream {
+    items: Pin<Box<Receiver<Result<GenerateOutput>>>>,
+}
+
+impl Stream for GenerationStream {
+    type Item = Result<GenerateOutput>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.items.as_mut().poll_next(cx)
+    }
+}
+
+/// Running totals behind [`EngineMetrics`].
+#[derive(Default)]
+struct Counters {
+    generated_tokens: u64,
+    steps: u64,
+    /// (end of step, tokens generated by it) of the last steps.
+    recent: VecDeque<(Instant, usize)>,
+    /// When the oldest step of `recent` started.
+    window_start: Option<Instant>,
+}
+
+/// Steps that the tokens-per-second figure averages over.
+const RATE_WINDOW_STEPS: usize = 32;
+
+impl Counters {
+    fn record_step(&mut self, started: Instant, generated: usize) {
+        self.steps += 1;
+        self.generated_tokens += generated as u64;
+        if self.recent.is_empty() {
+            self.window_start = Some(started);
+        }
+        self.recent.push_back((Instant::now(), generated));
+        if self.recent.len() > RATE_WINDOW_STEPS
+            && let Some((end, _)) = self.recent.pop_front()
+        {
+            self.window_start = Some(end);
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        let (Some(start), Some((end, _))) = (self.window_start, self.recent.back()) else { return 0.0 };
+        let seconds = end.duration_since(start).as_secs_f64();
+        let tokens: usize = self.recent.iter().map(|(_, n)| n).sum();
+        if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
+    }
+}
+
+/// The engine's step loop: owns the model, the KV cache and the scheduler. Run it with
+/// [`StepLoop::run`] on the host's executor; it returns when every [`Engine`] handle and every
+/// stream is gone and no work is left.
+pub struct StepLoop {
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    cache: KvCache,
+    scheduler: Scheduler,
+    commands: Receiver<Command>,
+    metrics: Arc<Mutex<EngineMetrics>>,
+    counters: Counters,
+    prefix_cache: bool,
+}
+
+impl StepLoop {
+    /// Runs steps while there is work, and waits for requests while there is none.
+    pub async fn run(mut self) {
+        loop {
+            if self.scheduler.is_idle() {
+                match self.commands.recv().await {
+                    Ok(command) => self.handle(command),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(command) = self.commands.try_recv() {
+                self.handle(command);
+            }
+            self.retire_abandoned();
+            if !self.scheduler.is_idle() {
+                self.step().await;
+            }
+            self.publish_metrics();
+            // Let the host's other tasks (the streams' consumers, in the browser) run.
+            YieldNow(false).await;
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(sequences) => self.scheduler.waiting.extend(sequences),
+            Command::Abort(rid) => {
+                let all = self.scheduler.running.iter_mut().chain(self.scheduler.waiting.iter_mut());
+                for seq in all.filter(|s| s.request.rid == rid) {
+                    seq.abort();
+                }
+                self.emit_and_retire();
+            }
+            Command::FlushCache(reply) => {
+                self.cache.flush_prefix_cache();
+                // The caller reads the metrics next: they must show the flush.
+                self.publish_metrics();
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    /// Drops the sequences whose streams were dropped, freeing their blocks.
+    fn retire_abandoned(&mut self) {
+        let cache = &mut self.cache;
+        self.scheduler.running.retain_mut(|seq| {
+            let keep = !seq.request.abandoned();
+            if !keep && let Some(table) = seq.table.take() {
+                cache.release(table);
+            }
+            keep
+        });
+        self.scheduler.waiting.retain(|seq| !seq.request.abandoned());
+    }
+
+    /// One forward pass over the planned batch, sampling, and the new outputs.
+    async fn step(&mut self) {
+        let started = Instant::now();
+        let planned = self.scheduler.schedule(&mut self.cache);
+        if planned.is_empty() {
+            // Nothing fits even with every other sequence preempted: the head of the queue
+            // needs more KV cache than there is.
+            if let Some(mut seq) = self.scheduler.waiting.pop_front() {
+                let error = Error::KvCacheFull {
+                    needed_blocks: seq.tokens.len().div_ceil(self.cache.block_size_tokens()),
+                    free_blocks: self.cache.free_blocks(),
+                    block_size_tokens: self.cache.block_size_tokens(),
+                };
+                seq.fail(error);
+                self.scheduler.waiting.push_front(seq);
+            }
+            return;
+        }
+        let generated = match self.run_planned(&planned).await {
+            Ok(generated) => generated,
+            Err(error) => {
+                let message = error.to_string();
+                for p in &planned {
+                    self.scheduler.running[p.seq].fail(Error::StepFailed(message.clone()));
+                }
+                0
+            }
+        };
+        self.counters.record_step(started, generated);
+        self.emit_and_retire();
+    }
+
+    /// Runs the forward pass of `planned`, then samples for every sequence whose chunk reached
+    /// its last token. Returns the number of tokens sampled.
+    async fn run_planned(&mut self, planned: &[Planned]) -> Result<usize> {
+        let vocab = self.model.config().vocab_size;
+        let logits = {
+            let running = &self.scheduler.running;
+            let chunks = planned
+                .iter()
+                .map(|p| {
+                    let seq = &running[p.seq];
+                    let table = seq.table.as_ref().ok_or_else(|| {
+                        Error::InvalidBatch(format!("sequence {} is planned without a block table", seq.id))
+                    })?;
+                    Ok(SequenceChunk {
+                        table,
+                        tokens: &seq.tokens[p.positions.clone()],
+                        first_position: p.positions.start,
+                        logits: p.logits,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.model.forward(&self.cache, &chunks)?
+        };
+        let rows = if planned.iter().any(|p| p.rows() > 0) {
+            logits.to_f32(self.model.gpu()).await?
+        } else {
+            Vec::new()
+        };
+        let mut generated = 0;
+        let mut first_row = 0;
+        for p in planned {
+            let seq = &mut self.scheduler.running[p.seq];
+            let seq_rows = &rows[first_row * vocab..(first_row + p.rows()) * vocab];
+            first_row += p.rows();
+            if p.logits == LogitRows::All {
+                seq.collect_input_logprobs(p.positions.start, seq_rows, vocab);
+            }
+            seq.computed = p.positions.end;
+            if self.prefix_cache
+                && let Some(table) = seq.table.as_mut()
+            {
+                self.cache.cache_prefix(table, &seq.tokens[..seq.computed]);
+            }
+            if seq.computed == seq.tokens.len() && p.rows() > 0 {
+                let last = &seq_rows[(p.rows() - 1) * vocab..];
+                match seq.sample_next(&self.tokenizer, last) {
+                    Ok(()) => generated += 1,
+                    Err(error) => seq.fail(error),
+                }
+            }
+        }
+        Ok(generated)
+    }
+
+    /// Sends every sequence's new output, and retires finished sequences (freeing their blocks).
+    /// The metrics are published before the outputs leave, so a caller that has its request's
+    /// last item sees the request retired in them.
+    fn emit_and_retire(&mut self) {
+        let mut outputs = Vec::new();
+        let mut take = |seq: &mut Sequence| {
+            if let Some(item) = seq.take_output() {
+                outputs.push((seq.request.output.clone(), item));
+            }
+        };
+        let cache = &mut self.cache;
+        self.scheduler.running.retain_mut(|seq| {
+            take(seq);
+            let finished = seq.finish.is_some();
+            if finished && let Some(table) = seq.table.take() {
+                cache.release(table);
+            }
+            !finished
+        });
+        self.scheduler.waiting.retain_mut(|seq| {
+            take(seq);
+            seq.finish.is_none()
+        });
+        self.publish_metrics();
+        for (output, item) in outputs {
+            // A closed stream is retired at the next step.
+            let _ = output.try_send(Ok(item));
+        }
+    }
+
+    fn publish_metrics(&self) {
+        let c = &self.counters;
+        let admitted = &self.scheduler.stats;
+        let metrics = EngineMetrics {
+            running_sequences: self.scheduler.running.len(),
+            waiting_sequences: self.scheduler.waiting.len(),
+            kv_blocks_total: self.cache.num_blocks(),
+            kv_blocks_used: self.cache.used_blocks(),
+            kv_blocks_cached: self.cache.cached_blocks(),
+            kv_blocks_free: self.cache.free_blocks(),
+            kv_block_tokens: self.cache.block_size_tokens(),
+            prompt_tokens: admitted.prompt_tokens,
+            cached_prompt_tokens: admitted.cached_prompt_tokens,
+            prefix_cache_hit_rate: if admitted.prompt_tokens > 0 {
+                admitted.cached_prompt_tokens as f64 / admitted.prompt_tokens as f64
+            } else {
+                0.0
+            },
+            generated_tokens: c.generated_tokens,
+            generation_tokens_per_second: c.rate(),
+            steps: c.steps,
+            preemptions: admitted.preemptions,
+        };
+        if let Ok(mut shared) = self.metrics.lock() {
+            *shared = metrics;
+        }
+    }
+}
+
+/// Yields once to the executor.
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}

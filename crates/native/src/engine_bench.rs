@@ -1,0 +1,135 @@
+//! `flint bench --streams 1,4,16`: aggregate decode speed of the engine (continuous batching,
+//! sampling, streaming, everything a server would run) at several numbers of concurrent
+//! streams, and each figure's ratio to the single-stream one.
+
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use flint_core::engine::{Engine, EngineOptions, GenerateRequest, Prompts};
+use flint_core::sample::SamplingParams;
+use futures::StreamExt;
+use serde::Serialize;
+
+/// The figures of one number of streams.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamsReport {
+    /// Requests streamed at once.
+    pub streams: usize,
+    /// Tokens generated per second over all streams, from the moment every stream has its first
+    /// token to the moment the last one ends (median run).
+    pub decode_tokens_per_s: f64,
+    /// `decode_tokens_per_s` over the single-stream figure (when 1 was measured).
+    pub ratio_to_one_stream: Option<f64>,
+    /// Median time from submission to the first token, over the streams of the median run.
+    pub time_to_first_token_s: f64,
+}
+
+/// Runs `repeats` timed rounds (after one warm-up) of `streams` concurrent greedy requests for
+/// each entry of `streams_list`, each with a distinct `prompt_tokens`-token prompt (no prefix
+/// cache hits) and `gen_tokens` generated tokens.
+pub fn run(
+    engine: &Engine,
+    prompt: &[u32],
+    gen_tokens: usize,
+    streams_list: &[usize],
+    repeats: usize,
+) -> anyhow::Result<Vec<StreamsReport>> {
+    anyhow::ensure!(gen_tokens >= 2, "--gen-tokens must be >= 2");
+    let mut reports: Vec<StreamsReport> = Vec::new();
+    let mut round = 0u32;
+    for &streams in streams_list {
+        anyhow::ensure!(streams >= 1, "--streams lists numbers of streams, each >= 1");
+        let mut runs = Vec::new();
+        for run in 0..=repeats {
+            round += 1;
+            let figures = one_round(engine, prompt, gen_tokens, streams, round)?;
+            if run > 0 {
+                runs.push(figures);
+            }
+        }
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (decode_tokens_per_s, time_to_first_token_s) = runs[runs.len() / 2];
+        let one = reports.iter().find(|r| r.streams == 1).map(|r| r.decode_tokens_per_s);
+        reports.push(StreamsReport {
+            streams,
+            decode_tokens_per_s,
+            ratio_to_one_stream: one.map(|one| decode_tokens_per_s / one),
+            time_to_first_token_s,
+        });
+    }
+    Ok(reports)
+}
+
+/// One round: (aggregate decode tokens/s, median time to first token).
+fn one_round(
+    engine: &Engine,
+    prompt: &[u32],
+    gen_tokens: usize,
+    streams: usize,
+    round: u32,
+) -> anyhow::Result<(f64, f64)> {
+    let submitted = Instant::now();
+    let consumers: Vec<JoinHandle<anyhow::Result<(Instant, Instant, usize)>>> = (0..streams)
+        .map(|i| {
+            // A distinct first token per stream and round keeps the prefix cache out of it.
+            let mut ids = prompt.to_vec();
+            ids[0] = 1000 + round * 64 + i as u32;
+            let request = GenerateRequest {
+                input_ids: Some(Prompts::One(ids)),
+                sampling: SamplingParams {
+                    temperature: 0.0,
+                    max_new_tokens: gen_tokens,
+                    ignore_eos: true,
+                    ..Default::default()
+                },
+                stream: true,
+                ..Default::default()
+            };
+            let mut stream = engine.generate(request);
+            std::thread::spawn(move || {
+                let mut first = None;
+                let mut tokens = 0;
+                while let Some(item) = futures::executor::block_on(stream.next()) {
+                    let item = item?;
+                    if !item.output_ids.is_empty() {
+                        first.get_or_insert_with(Instant::now);
+                    }
+                    tokens += item.output_ids.len();
+                }
+                Ok((first.unwrap_or_else(Instant::now), Instant::now(), tokens))
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(streams);
+    for consumer in consumers {
+        results.push(consumer.join().map_err(|_| anyhow::anyhow!("a stream consumer panicked"))??);
+    }
+    let all_started = results.iter().map(|r| r.0).max().unwrap_or(submitted);
+    let all_ended = results.iter().map(|r| r.1).max().unwrap_or(submitted);
+    let decode_tokens: usize = results.iter().map(|r| r.2.saturating_sub(1)).sum();
+    let seconds = all_ended.duration_since(all_started).as_secs_f64().max(1e-9);
+    let mut firsts: Vec<f64> = results.iter().map(|r| r.0.duration_since(submitted).as_secs_f64()).collect();
+    firsts.sort_by(f64::total_cmp);
+    Ok((decode_tokens as f64 / seconds, firsts[firsts.len() / 2]))
+}
+
+/// Starts an engine on `model` with room for `streams` sequences of `tokens` tokens each; its
+/// step loop runs on a thread of its own.
+pub fn start(
+    model: flint_core::model::Model,
+    tokenizer: flint_core::tokenizer::Tokenizer,
+    max_streams: usize,
+    tokens: usize,
+) -> anyhow::Result<(Engine, JoinHandle<()>)> {
+    let per_sequence = tokens.next_multiple_of(flint_core::model::KV_BLOCK_TOKENS);
+    let options = EngineOptions {
+        max_running: max_streams.max(1),
+        step_token_budget: 256.max(max_streams),
+        kv_cache_tokens: Some(per_sequence * max_streams.max(1)),
+        prefix_cache: false,
+        seed: 0,
+    };
+    let (engine, step_loop) = Engine::new(model, tokenizer, options)?;
+    let thread = std::thread::spawn(move || futures::executor::block_on(step_loop.run()));
+    Ok((engine, thread))
+}
