@@ -17,7 +17,7 @@ use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::pin::pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 
 use async_channel::{Receiver, Sender};
@@ -112,7 +112,11 @@ struct Loaded {
 }
 
 /// Whether the engine thread serves calls, and if not, why not.
-struct Status(Mutex<State>);
+struct Status {
+    state: Mutex<State>,
+    /// Signalled when the state leaves `Running`.
+    stopped: Condvar,
+}
 
 enum State {
     Running,
@@ -121,25 +125,47 @@ enum State {
 }
 
 impl Status {
-    /// Ok while the engine runs; else the error every call now gets.
-    fn check(&self) -> Result<()> {
-        match &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
-            State::Running => Ok(()),
-            State::ShutDown => Err(Error::ShutDown),
-            State::Panicked(message) => Err(Error::EnginePanicked { message: message.clone() }),
-        }
+    fn new() -> Self {
+        Status { state: Mutex::new(State::Running), stopped: Condvar::new() }
     }
 
-    /// The error of a call whose answer channel closed: the engine thread has stopped.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ok while the engine runs; else the error every call now gets.
+    fn check(&self) -> Result<()> {
+        State::result(&self.lock())
+    }
+
+    /// The error of a call whose answer channel closed without an answer: the engine thread is
+    /// stopping. A panic drops the future being polled while it unwinds, before the thread
+    /// records it, so this waits for the record.
     fn stopped(&self) -> Error {
-        self.check().err().unwrap_or(Error::ShutDown)
+        let state = self.lock();
+        let state = self
+            .stopped
+            .wait_while(state, |state| matches!(state, State::Running))
+            .unwrap_or_else(PoisonError::into_inner);
+        State::result(&state).err().unwrap_or(Error::ShutDown)
     }
 
     /// Records why the engine stopped; the first reason stays.
     fn stop(&self, why: State) {
-        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.lock();
         if matches!(*state, State::Running) {
             *state = why;
+            self.stopped.notify_all();
+        }
+    }
+}
+
+impl State {
+    fn result(&self) -> Result<()> {
+        match self {
+            State::Running => Ok(()),
+            State::ShutDown => Err(Error::ShutDown),
+            State::Panicked(message) => Err(Error::EnginePanicked { message: message.clone() }),
         }
     }
 }
@@ -151,7 +177,7 @@ impl LLM {
         let path = path.as_ref().to_path_buf();
         let (ready, loaded) = async_channel::bounded(1);
         let (jobs, job_receiver) = async_channel::unbounded();
-        let status = Arc::new(Status(Mutex::new(State::Running)));
+        let status = Arc::new(Status::new());
         let thread_status = status.clone();
         let thread = std::thread::Builder::new()
             .name("flint-engine".into())
