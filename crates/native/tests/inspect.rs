@@ -131,7 +131,7 @@ fn errors_are_one_line_and_exit_1() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let no_model = failure(&["inspect"], 2);
+    let no_model = failure(&["inspect", "--model"], 2);
     assert!(no_model.contains("--model <FILE>"), "{no_model}");
     failure(&["no-such-command"], 2);
 }

@@ -1,8 +1,10 @@
 //! `flint bench`: prefill and decode speed of a model on this machine's GPU, beside the memory
 //! roofline that the device's own probe kernels measure.
 
+use std::io::Write;
 use std::time::Instant;
 
+use clap::Args;
 use flint_core::generate::{decode_step, prefill};
 use flint_core::gguf::GgufFile;
 use flint_core::kernels::copy::measure_bandwidth;
@@ -10,6 +12,126 @@ use flint_core::model::Model;
 use flint_core::sample::argmax;
 use flint_core::tokenizer::Tokenizer;
 use serde::Serialize;
+
+use super::engine_bench;
+use super::model::ModelArg;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    prompt_tokens: usize,
+    /// Tokens generated per sequence.
+    #[arg(long, default_value_t = 128, value_name = "N")]
+    gen_tokens: usize,
+    /// Sequences decoded together in one batch.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    concurrency: usize,
+    /// Timed runs after the warm-up; the median is reported.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    repeats: usize,
+    /// Measure the engine instead (continuous batching, sampling and streaming, as a server
+    /// runs it): aggregate decode tokens/s at each of these numbers of concurrent streams,
+    /// e.g. `--streams 1,4,16`.
+    #[arg(long, value_name = "N,N,..", value_delimiter = ',', conflicts_with = "concurrency")]
+    streams: Vec<usize>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let (file, tokenizer, model) = args.model.load_model(quiet)?;
+    let load_s = started.elapsed().as_secs_f64();
+    if !args.streams.is_empty() {
+        return engine_command(args, tokenizer, model);
+    }
+    let options = BenchOptions {
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        concurrency: args.concurrency,
+        repeats: args.repeats,
+    };
+    let r = run(&file, &tokenizer, &model, load_s, &options)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    writeln!(out, "adapter:        {}", r.adapter)?;
+    writeln!(
+        out,
+        "workload:       {} prompt + {} generated tokens x {} sequences, median of {} runs",
+        r.prompt_tokens, r.gen_tokens, r.concurrency, args.repeats
+    )?;
+    writeln!(out, "load:           {:.2} s", r.load_s)?;
+    writeln!(out, "prefill:        {:.1} tokens/s", r.prefill_tokens_per_s)?;
+    writeln!(out, "first token:    {:.3} s", r.time_to_first_token_s)?;
+    writeln!(out, "decode:         {:.2} tokens/s", r.decode_tokens_per_s)?;
+    writeln!(
+        out,
+        "memory:         weights {:.1} MiB, KV cache {:.1} MiB",
+        r.weight_bytes as f64 / 1048576.0,
+        r.kv_cache_bytes as f64 / 1048576.0
+    )?;
+    writeln!(
+        out,
+        "roofline:       {:.1} MB of weights per decode step, {:.2} GB/s device probe: {:.1}% of it",
+        r.weight_bytes_per_decode_step as f64 / 1e6,
+        r.roofline_bytes_per_s / 1e9,
+        r.roofline_fraction * 100.0
+    )?;
+    writeln!(
+        out,
+        "dispatches:     {:.0} per decode step, {:.1} per layer",
+        r.dispatches_per_decode_step, r.dispatches_per_layer
+    )?;
+    Ok(())
+}
+
+/// `--streams`: the engine's aggregate decode speed at each number of concurrent streams.
+fn engine_command(args: &BenchArgs, tokenizer: Tokenizer, model: Model) -> anyhow::Result<()> {
+    let adapter = model.gpu().adapter_info().name.clone();
+    let prompt = prompt_ids(&tokenizer, args.prompt_tokens);
+    let most = args.streams.iter().copied().max().unwrap_or(1);
+    let (engine, step_loop) =
+        engine_bench::start(model, tokenizer, most, args.prompt_tokens + args.gen_tokens)?;
+    let reports = engine_bench::run(&engine, &prompt, args.gen_tokens, &args.streams, args.repeats);
+    drop(engine);
+    step_loop.join().map_err(|_| anyhow::anyhow!("the engine's step loop panicked"))?;
+    let reports = reports?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let report = serde_json::json!({
+            "adapter": adapter,
+            "prompt_tokens": args.prompt_tokens,
+            "gen_tokens": args.gen_tokens,
+            "repeats": args.repeats,
+            "streams": reports,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+        return Ok(());
+    }
+    writeln!(out, "adapter:  {adapter}")?;
+    writeln!(
+        out,
+        "workload: {} prompt + {} generated tokens per stream, greedy, median of {} runs",
+        args.prompt_tokens, args.gen_tokens, args.repeats
+    )?;
+    writeln!(out, "{:>8} {:>16} {:>12} {:>16}", "streams", "decode tok/s", "vs 1 stream", "first token s")?;
+    for r in &reports {
+        let ratio = r.ratio_to_one_stream.map_or("-".to_string(), |x| format!("{x:.2}x"));
+        writeln!(
+            out,
+            "{:>8} {:>16.2} {:>12} {:>16.3}",
+            r.streams, r.decode_tokens_per_s, ratio, r.time_to_first_token_s
+        )?;
+    }
+    Ok(())
+}
 
 /// What to measure.
 pub struct BenchOptions {

@@ -1,0 +1,132 @@
+//! Which model a command uses (`--model`, else the default model from the cache), and loading
+//! it with a progress bar on a terminal.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use flint_core::gguf::GgufFile;
+use flint_core::gpu::{GpuContext, GpuOptions};
+use flint_core::model::Model;
+use flint_core::tokenizer::Tokenizer;
+use flint_native::{EngineOptions, LLM, LoadOptions, LoadStage};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// The file name of the default model, SmolLM2-135M-Instruct in Q4_1.
+const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `--model FILE`, optional: the default model from the cache directory when absent.
+#[derive(Args, Clone)]
+pub struct ModelArg {
+    /// The GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from $FLINT_MODEL_DIR, else
+    /// ~/.cache/flint/models, where scripts/fetch-models.sh puts it).
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+}
+
+impl ModelArg {
+    /// The model file to use.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        if let Some(path) = &self.model {
+            return Ok(path.clone());
+        }
+        let path = model_dir().join(DEFAULT_MODEL_FILE);
+        anyhow::ensure!(
+            path.is_file(),
+            "no --model given and the default model {} is missing: run scripts/fetch-models.sh smollm2 \
+             to fetch it, or pass --model FILE",
+            path.display()
+        );
+        Ok(path)
+    }
+
+    /// Loads the model and starts its engine, with a progress bar on a terminal unless `quiet`.
+    pub fn load_llm(&self, engine: EngineOptions, quiet: bool) -> anyhow::Result<LLM> {
+        let path = self.path()?;
+        let progress = LoadProgress::start(&path, quiet);
+        let on_progress = progress.clone().map(|bar| Box::new(move |stage| bar.stage(stage)) as Box<_>);
+        let llm = LLM::load(&path, LoadOptions { engine, gpu: GpuOptions::from_env(), on_progress });
+        if let Some(bar) = progress {
+            bar.finish();
+        }
+        Ok(llm?)
+    }
+
+    /// The model file, its tokenizer and the model on the GPU, without an engine (for the
+    /// commands that measure the model itself).
+    pub fn load_model(&self, quiet: bool) -> anyhow::Result<(GgufFile, Tokenizer, Model)> {
+        let path = self.path()?;
+        let progress = LoadProgress::start(&path, quiet);
+        let stage = |stage| {
+            if let Some(bar) = &progress {
+                bar.stage(stage);
+            }
+        };
+        let loaded = (|| {
+            stage(LoadStage::ReadingFile);
+            let file = GgufFile::open(&path)?;
+            let tokenizer = Tokenizer::from_gguf(&file)?;
+            stage(LoadStage::OpeningGpu);
+            let ctx = pollster::block_on(GpuContext::new(&GpuOptions::from_env()))?;
+            stage(LoadStage::UploadingWeights);
+            let model = Model::load(ctx, &file)?;
+            anyhow::Ok((file, tokenizer, model))
+        })();
+        if let Some(bar) = progress {
+            bar.finish();
+        }
+        loaded
+    }
+}
+
+/// The folder the models are fetched into, as `scripts/fetch-models.sh` chooses it:
+/// `$FLINT_MODEL_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/flint/models`.
+fn model_dir() -> PathBuf {
+    let var = |name| std::env::var_os(name).filter(|value| !value.is_empty()).map(PathBuf::from);
+    var("FLINT_MODEL_DIR").unwrap_or_else(|| {
+        let cache = var("XDG_CACHE_HOME")
+            .or_else(|| var("HOME").map(|home| home.join(".cache")))
+            .unwrap_or_else(|| PathBuf::from(".cache"));
+        cache.join("flint").join("models")
+    })
+}
+
+/// A progress bar over the stages of loading a model, drawn on standard error (clones draw
+/// the same bar).
+#[derive(Clone)]
+struct LoadProgress {
+    bar: ProgressBar,
+}
+
+impl LoadProgress {
+    /// A bar, when standard error is a terminal and the user did not ask for quiet.
+    fn start(path: &Path, quiet: bool) -> Option<Self> {
+        if quiet || !std::io::stderr().is_terminal() {
+            return None;
+        }
+        let style = ProgressStyle::with_template("{spinner} loading {prefix} [{bar:20}] {msg} ({elapsed})")
+            .map_or_else(|_| ProgressStyle::default_bar(), |style| style.progress_chars("=> "));
+        let bar = ProgressBar::new(3).with_style(style);
+        bar.set_prefix(
+            path.file_name().map_or_else(|| path.display().to_string(), |n| n.display().to_string()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Some(LoadProgress { bar })
+    }
+
+    fn stage(&self, stage: LoadStage) {
+        let (done, what) = match stage {
+            LoadStage::ReadingFile => (0, "reading the file"),
+            LoadStage::OpeningGpu => (1, "opening the GPU"),
+            LoadStage::UploadingWeights => (2, "uploading the weights"),
+            _ => (3, "ready"),
+        };
+        self.bar.set_position(done);
+        self.bar.set_message(what);
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}

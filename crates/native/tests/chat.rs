@@ -1,0 +1,91 @@
+//! `flint run` and `flint chat` end to end: the built binary on SmolLM2, the default model from
+//! the cache directory, a conversation piped to standard input whose second turn reuses the
+//! first one's KV blocks, and the exit codes of errors and usage errors.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use flint_e2e::{SMOLLM2, model_dir};
+
+/// `flint` with the model cache pointing at the test models' folder, and `stdin` piped in.
+fn flint(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(args)
+        .env("FLINT_MODEL_DIR", model_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn run_answers_through_the_chat_template_with_the_default_model() {
+    SMOLLM2.path();
+    let greedy = ["--temperature", "0", "--max-tokens", "8"];
+    let output = flint(&[&["run", "What is the capital of France?"][..], &greedy].concat(), "");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("Paris"), "{:?}", text(&output.stdout));
+    // The prompt from standard input gives the same answer; --quiet leaves stderr empty.
+    let piped = flint(&[&["run", "--quiet"][..], &greedy].concat(), "What is the capital of France?\n");
+    assert!(piped.status.success(), "{}", text(&piped.stderr));
+    assert_eq!(text(&piped.stdout), text(&output.stdout));
+    assert_eq!(text(&piped.stderr), "");
+}
+
+#[test]
+fn chat_keeps_the_conversation_and_reuses_its_kv_blocks() {
+    let model = SMOLLM2.path();
+    let conversation =
+        "What is the capital of France?\nAnd of Germany?\n/reset\n/nonsense\nHi\n/exit\nnot read\n";
+    let args = ["chat", "--model", model.to_str().unwrap(), "--temperature", "0", "--max-tokens", "8"];
+    let output = flint(&args, conversation);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let answers: Vec<&str> = text(&output.stdout).lines().collect();
+    assert_eq!(answers.len(), 3, "three turns before /exit: {answers:?}");
+    assert!(answers[0].contains("Paris"), "{answers:?}");
+    // The second answer only makes sense with the first turn in the prompt.
+    assert!(answers[1].contains("Berlin"), "{answers:?}");
+    // One statistics line per turn: the second turn's prompt starts with the first turn's.
+    let cached: Vec<usize> = stderr
+        .lines()
+        .filter_map(|line| line.strip_suffix(" from the prefix cache]"))
+        .map(|line| line.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(cached.len(), 3, "{stderr}");
+    assert_eq!(cached[0], 0, "{stderr}");
+    assert!(cached[1] >= 32, "the first turn's blocks are reused: {stderr}");
+    assert!(
+        stderr.contains("(new conversation)") && stderr.contains("unknown command /nonsense"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn errors_exit_1_and_usage_errors_exit_2() {
+    let missing = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["run", "hi"])
+        .env("FLINT_MODEL_DIR", "/nonexistent/flint-models")
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    let stderr = text(&missing.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("scripts/fetch-models.sh"), "{stderr}");
+
+    let bad_value = flint(&["run", "hi", "--top-p", "0", "--quiet"], "");
+    assert_eq!(bad_value.status.code(), Some(1));
+    assert!(text(&bad_value.stderr).starts_with("error: invalid value for 'top_p'"), "{:?}", bad_value);
+
+    for usage in [&["run", "--temperature"][..], &["chat", "--max-tokens", "many"]] {
+        let output = flint(usage, "");
+        assert_eq!(output.status.code(), Some(2), "{usage:?}: {}", text(&output.stderr));
+    }
+}
