@@ -287,12 +287,16 @@ fn a_shared_prefix_is_reused_and_answers_sooner() {
 fn the_same_seed_gives_the_same_text_alone_and_in_a_batch() {
     let running = Running::start(EngineOptions::default());
     let engine = &running.engine;
-    let seeded = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(1234), ..greedy(24) };
+    // Top-k: alone, the draw comes from the GPU's candidates; beside a neighbour that wants
+    // logprobs, from the whole row read back. Both must draw the same tokens.
+    let seeded = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed: Some(1234), ..greedy(24) };
     let alone = only(engine.generate(request(PROMPTS[2], seeded.clone(), false)));
     let neighbours: Vec<GenerationStream> = (0..5)
         .map(|i| {
             let sampling = SamplingParams { temperature: 0.5 + 0.2 * i as f32, seed: Some(i), ..greedy(30) };
-            engine.generate(request(PROMPTS[i as usize], sampling, false))
+            let mut neighbour = request(PROMPTS[i as usize], sampling, false);
+            neighbour.return_logprob = i == 0;
+            engine.generate(neighbour)
         })
         .collect();
     let streamed = joined(collect(engine.generate(request(PROMPTS[2], seeded, true))));

@@ -62,7 +62,8 @@ pub use request::{
 };
 
 use crate::gguf::GgufFile;
-use crate::gpu::GpuContext;
+use crate::gpu::{GpuContext, Tensor};
+use crate::kernels::sample::{CandidateDepth, RowCandidates, top_candidates};
 use crate::kv::KvCache;
 use crate::model::{LogitRows, Model, SequenceChunk};
 use crate::sample::Sampler;
@@ -541,10 +542,17 @@ impl StepLoop {
 
     /// Runs the forward pass of `planned`, then samples for every sequence whose chunk reached
     /// its last token. Returns the number of tokens sampled.
+    ///
+    /// When every row of logits is there to be sampled and each draw is greedy or top-k (see
+    /// [`Sequence::samples_from_candidates`]), the pass ends with the search for each row's most
+    /// likely tokens and only those are read back; a row whose candidates do not decide its
+    /// draw is read back alone. Otherwise (prompt log-probabilities, logprobs, penalties,
+    /// sampling from every token) the whole logits are read back.
     async fn run_planned(&mut self, planned: &[Planned]) -> Result<usize> {
         let vocab = self.model.config().vocab_size;
-        let logits = {
-            let running = &self.scheduler.running;
+        let running = &self.scheduler.running;
+        let depth = candidate_depth(planned, running);
+        let (logits, candidates) = {
             let chunks = planned
                 .iter()
                 .map(|p| {
@@ -560,21 +568,32 @@ impl StepLoop {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            self.model.forward(&self.cache, &chunks)?
+            self.model.forward_then(&self.cache, &chunks, |ctx, encoder, logits| {
+                let Some(depth) = depth else { return Ok(None) };
+                let rows = logits.shape()[0];
+                let out = Tensor::empty(ctx, "candidates", &[rows, depth.words_per_row()])?;
+                top_candidates(ctx, encoder, logits, depth, &out)?;
+                Ok(Some((out, depth)))
+            })?
         };
-        let rows = if planned.iter().any(|p| p.rows() > 0) {
-            logits.to_f32(self.model.gpu()).await?
-        } else {
-            Vec::new()
+        let ctx = self.model.gpu().clone();
+        let (rows, candidates) = match candidates {
+            Some((out, depth)) => (Vec::new(), RowCandidates::parse(&out.to_u32(&ctx).await?, depth)),
+            None if planned.iter().any(|p| p.rows() > 0) => (logits.to_f32(&ctx).await?, Vec::new()),
+            None => (Vec::new(), Vec::new()),
         };
         let mut generated = 0;
         let mut first_row = 0;
         for p in planned {
             let seq = &mut self.scheduler.running[p.seq];
-            let seq_rows = &rows[first_row * vocab..(first_row + p.rows()) * vocab];
+            let row_range = first_row..first_row + p.rows();
             first_row += p.rows();
             if p.logits == LogitRows::All {
-                seq.collect_input_logprobs(p.positions.start, seq_rows, vocab);
+                seq.collect_input_logprobs(
+                    p.positions.start,
+                    &rows[row_range.start * vocab..row_range.end * vocab],
+                    vocab,
+                );
             }
             seq.computed = p.positions.end;
             if self.prefix_cache
@@ -582,12 +601,24 @@ impl StepLoop {
             {
                 self.cache.cache_prefix(table, &seq.tokens[..seq.computed]);
             }
-            if seq.computed == seq.tokens.len() && p.rows() > 0 {
-                let last = &seq_rows[(p.rows() - 1) * vocab..];
-                match seq.sample_next(&self.tokenizer, last) {
-                    Ok(()) => generated += 1,
-                    Err(error) => seq.fail(error),
-                }
+            if seq.computed < seq.tokens.len() || p.rows() == 0 {
+                continue;
+            }
+            let last = row_range.end - 1;
+            let sampled = match candidates.get(last) {
+                Some(row) => match seq.sample_next_from(&self.tokenizer, row) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => match read_row(&ctx, &logits, last, vocab).await {
+                        Ok(row) => seq.sample_next(&self.tokenizer, &row),
+                        Err(error) => Err(error),
+                    },
+                    Err(error) => Err(error),
+                },
+                None => seq.sample_next(&self.tokenizer, &rows[last * vocab..(last + 1) * vocab]),
+            };
+            match sampled {
+                Ok(()) => generated += 1,
+                Err(error) => seq.fail(error),
             }
         }
         Ok(generated)
@@ -650,6 +681,29 @@ impl StepLoop {
             *shared = metrics;
         }
     }
+}
+
+/// How deep the GPU's candidate search must go for the rows of `planned`: `None` when some row
+/// is needed whole, or there are no rows.
+fn candidate_depth(planned: &[Planned], running: &[Sequence]) -> Option<CandidateDepth> {
+    let mut deepest = None;
+    for p in planned.iter().filter(|p| p.rows() > 0) {
+        let seq = &running[p.seq];
+        let sampled_now = p.logits == LogitRows::Last && p.positions.end == seq.tokens.len();
+        let needed = seq.samples_from_candidates().filter(|_| sampled_now)?;
+        let depth = if needed == 1 { CandidateDepth::Best } else { CandidateDepth::Top };
+        deepest = Some(match deepest {
+            Some(CandidateDepth::Top) => CandidateDepth::Top,
+            _ => depth,
+        });
+    }
+    deepest
+}
+
+/// Row `row` of `logits` `[rows, vocab]`, read back alone.
+async fn read_row(ctx: &GpuContext, logits: &Tensor, row: usize, vocab: usize) -> Result<Vec<f32>> {
+    let bytes = ctx.read_bytes(logits.buffer(), (row * vocab * 4) as u64, (vocab * 4) as u64).await?;
+    Ok(bytemuck::pod_collect_to_vec(&bytes))
 }
 
 /// Yields once to the executor.

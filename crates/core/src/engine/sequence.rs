@@ -8,6 +8,7 @@ use web_time::Instant;
 
 use crate::engine::request::{FinishReason, GenerateOutput, Logprobs, MetaInfo, StopMatch, TokenLogprob};
 use crate::engine::stop::StopText;
+use crate::kernels::sample::RowCandidates;
 use crate::kv::KvBlockTable;
 use crate::sample::{Sampler, log_softmax, top_logprobs};
 use crate::tokenizer::{Detokenizer, Tokenizer};
@@ -131,16 +132,39 @@ impl Sequence {
         }
     }
 
+    /// True when the next token can be drawn from the GPU's candidates of its row (see
+    /// [`Sampler::sample_candidates`]), so that the whole row need not be read back.
+    pub fn samples_from_candidates(&self) -> Option<usize> {
+        if self.request.return_logprob { None } else { self.sampler.candidates_needed() }
+    }
+
     /// Samples the next token from the logits `row` of the last token, and decides whether the
     /// sequence ends with it.
     pub fn sample_next(&mut self, tokenizer: &Tokenizer, row: &[f32]) -> Result<()> {
         let token = self.sampler.sample(row)?;
-        self.tokens.push(token);
-        self.unsent_ids.push(token);
         if self.request.return_logprob {
             let (entry, top) = logprob_entry(row, token, self.request.top_logprobs_num);
             self.output_logprobs.push(entry, top);
         }
+        self.push_token(tokenizer, token)
+    }
+
+    /// Samples the next token from the GPU's candidates of its row; `Ok(false)`, with nothing
+    /// drawn, when they do not decide the draw and [`Sequence::sample_next`] needs the row.
+    pub fn sample_next_from(&mut self, tokenizer: &Tokenizer, candidates: &RowCandidates) -> Result<bool> {
+        if self.request.return_logprob {
+            return Ok(false);
+        }
+        match self.sampler.sample_candidates(&candidates.tokens, candidates.let_go) {
+            Some(token) => self.push_token(tokenizer, token).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Appends a sampled token and decides whether the sequence ends with it.
+    fn push_token(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<()> {
+        self.tokens.push(token);
+        self.unsent_ids.push(token);
         if self.sampler.is_stop_token(token) {
             self.finish_text();
             self.finish = Some(FinishReason::Stop { matched: StopMatch::Token(token) });

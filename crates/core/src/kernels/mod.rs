@@ -12,6 +12,7 @@ pub mod embedding;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod sample;
 
 #[cfg(test)]
 pub(crate) mod testing;

@@ -131,6 +131,18 @@ impl Model {
     /// A prompt may come in one chunk or in several passes (chunked prefill); a decode step is
     /// a chunk of one token. At most [`Model::max_logit_rows`] rows may ask for logits.
     pub fn forward(&self, cache: &KvCache, chunks: &[SequenceChunk<'_>]) -> Result<Tensor> {
+        Ok(self.forward_then(cache, chunks, |_, _, _| Ok(()))?.0)
+    }
+
+    /// [`Model::forward`], with more work recorded after the pass into the same command buffer:
+    /// `then` gets the logits (the engine finds each row's most likely tokens there, so that it
+    /// reads back a few candidates instead of whole rows).
+    pub fn forward_then<T>(
+        &self,
+        cache: &KvCache,
+        chunks: &[SequenceChunk<'_>],
+        then: impl FnOnce(&GpuContext, &mut wgpu::CommandEncoder, &Tensor) -> Result<T>,
+    ) -> Result<(Tensor, T)> {
         if cache.shape() != self.kv_cache_shape() {
             return Err(Error::InvalidBatch(format!(
                 "the KV cache holds {:?} per token, but this model needs {:?}",
@@ -145,8 +157,9 @@ impl Model {
             Network::Llama(model) => model.forward(ctx, &mut encoder, &step, cache)?,
             Network::Gemma3(model) => model.forward(ctx, &mut encoder, &step, cache)?,
         };
+        let after = then(ctx, &mut encoder, &logits)?;
         ctx.submit(encoder)?;
-        Ok(logits)
+        Ok((logits, after))
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::kernels::sample::MAX_CANDIDATES;
 use crate::{Error, Result};
 
 /// How to choose tokens: the request contract's sampling parameters, with the design brief's
@@ -223,7 +224,7 @@ impl Sampler {
     /// the penalties. NaN logits are never chosen; a row with no finite logit left (after bias
     /// and the masking of stop tokens before `min_new_tokens`) is an error.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
-        let masks_stops = self.generated < self.params.min_new_tokens && !self.stop_tokens.is_empty();
+        let masks_stops = self.masks_stops();
         let row = if self.params.leaves_logits_alone() && !masks_stops {
             logits
         } else {
@@ -231,12 +232,51 @@ impl Sampler {
             &self.adjusted
         };
         let token = choose(&self.params, &mut self.rng, &mut self.candidates, row)?;
+        self.record(token);
+        Ok(token)
+    }
+
+    /// How many of a row's most likely tokens decide the next draw, when a few do: 1 for greedy
+    /// decoding, `top_k` for top-k sampling up to [`MAX_CANDIDATES`] tokens. `None` when the
+    /// draw needs the whole row: sampling from every token, or logits that bias, penalties or
+    /// the masking of stop tokens change first.
+    pub fn candidates_needed(&self) -> Option<usize> {
+        if !self.params.leaves_logits_alone() || self.masks_stops() {
+            return None;
+        }
+        if self.params.is_greedy() {
+            return Some(1);
+        }
+        usize::try_from(self.params.top_k).ok().filter(|&k| (1..=MAX_CANDIDATES).contains(&k))
+    }
+
+    /// Chooses the next token from a row's most likely tokens, as [`Sampler::sample`] would
+    /// from the whole row: `candidates` are (token, logit) sorted by logit, largest first, ties
+    /// by smaller id, and every token of the row whose logit is above `let_go` is among them
+    /// (what [`crate::kernels::sample::top_candidates`] finds on the GPU). The same seed draws
+    /// the same token either way. `None`, with nothing drawn or recorded, when they do not
+    /// decide the draw exactly: the caller samples from the whole row instead.
+    pub fn sample_candidates(&mut self, candidates: &[(u32, f32)], let_go: f32) -> Option<u32> {
+        self.candidates_needed()?;
+        let known = candidates.iter().take_while(|(_, logit)| *logit > let_go).count();
+        let token =
+            choose_among(&self.params, &mut self.rng, &mut self.candidates, &candidates[..known], let_go)?;
+        self.record(token);
+        Some(token)
+    }
+
+    /// Stop tokens are masked until `min_new_tokens` tokens are generated.
+    fn masks_stops(&self) -> bool {
+        self.generated < self.params.min_new_tokens && !self.stop_tokens.is_empty()
+    }
+
+    /// Counts a drawn token for the penalties.
+    fn record(&mut self, token: u32) {
         self.generated += 1;
         *self.generated_counts.entry(token).or_default() += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(token);
         }
-        Ok(token)
     }
 
     /// Writes `logits` with bias, penalties and stop-token masking applied into `adjusted`.
@@ -285,23 +325,62 @@ fn choose(
     if params.is_greedy() {
         return Ok(best);
     }
-    let inv_temperature = 1.0 / params.temperature;
     let max_logit = row[best as usize];
     candidates.clear();
     candidates.extend(
         row.iter()
             .enumerate()
             .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, ((l - max_logit) * inv_temperature).exp())),
+            .map(|(i, &l)| (i as u32, weight(params, l, max_logit))),
     );
-    // Most likely first; ties by id so the order (and so a seeded draw) is deterministic.
-    let by_probability = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if params.top_k > 0 && (params.top_k as usize) < candidates.len() {
         let k = params.top_k as usize;
         candidates.select_nth_unstable_by(k - 1, by_probability);
         candidates.truncate(k);
     }
     candidates.sort_unstable_by(by_probability);
+    Ok(draw(params, rng, candidates))
+}
+
+/// [`choose`] from the row's tokens above `let_go` only (`known`: every one of them, sorted by
+/// logit, largest first, ties by smaller id): the same token, or `None` (drawing nothing) when
+/// the tokens left out could change the choice.
+fn choose_among(
+    params: &SamplingParams,
+    rng: &mut SmallRng,
+    candidates: &mut Vec<(u32, f32)>,
+    known: &[(u32, f32)],
+    let_go: f32,
+) -> Option<u32> {
+    let &(best, max_logit) = known.first()?;
+    if params.is_greedy() {
+        return Some(best);
+    }
+    let k = usize::try_from(params.top_k).ok().filter(|&k| k >= 1 && k <= known.len())?;
+    candidates.clear();
+    candidates.extend(known.iter().map(|&(id, logit)| (id, weight(params, logit, max_logit))));
+    candidates.sort_unstable_by(by_probability);
+    // A token left out weighs at most what `let_go` weighs: the k kept must weigh more, or a
+    // left-out token could tie with the last of them and win the place by its smaller id.
+    if let_go > f32::NEG_INFINITY && candidates[k - 1].1 <= weight(params, let_go, max_logit) {
+        return None;
+    }
+    candidates.truncate(k);
+    Some(draw(params, rng, candidates))
+}
+
+/// A token's unnormalised probability at `params`' temperature: 1 for the most likely one.
+fn weight(params: &SamplingParams, logit: f32, max_logit: f32) -> f32 {
+    ((logit - max_logit) * (1.0 / params.temperature)).exp()
+}
+
+/// Most likely first; ties by id, so the order (and so a seeded draw) is deterministic.
+fn by_probability(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Applies min-p and top-p to `candidates` (weights, sorted by [`by_probability`]) and draws.
+fn draw(params: &SamplingParams, rng: &mut SmallRng, candidates: &mut Vec<(u32, f32)>) -> u32 {
     let total: f32 = candidates.iter().map(|c| c.1).sum();
     // min-p: relative to the most likely token, whose weight is exp(0) = 1 before scaling.
     let min_weight = params.min_p * candidates[0].1;
@@ -318,11 +397,11 @@ fn choose(
     let mut draw = rng.random::<f32>() * mass;
     for &(token, weight) in candidates.iter() {
         if draw < weight {
-            return Ok(token);
+            return token;
         }
         draw -= weight;
     }
-    Ok(candidates[kept - 1].0)
+    candidates[kept - 1].0
 }
 
 /// Index of the largest finite value (the first one on ties), or `None` if there is none.
@@ -539,6 +618,86 @@ mod tests {
         let logits = [0.0, 1.0, 5.0];
         let mut s = greedy_with(SamplingParams { min_new_tokens: 2, ..Default::default() }, &[], &[2]);
         assert_eq!((0..3).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>(), [1, 1, 2]);
+    }
+
+    /// What the GPU's candidate search gives for `row`: its `count` most likely tokens in order,
+    /// and the logit of the next one as the largest let go of (-inf when none is left out).
+    fn candidates_of(row: &[f32], count: usize) -> (Vec<(u32, f32)>, f32) {
+        let mut sorted: Vec<(u32, f32)> =
+            row.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)).collect();
+        sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let let_go = sorted.get(count).map_or(f32::NEG_INFINITY, |c| c.1);
+        sorted.truncate(count);
+        (sorted, let_go)
+    }
+
+    #[test]
+    fn candidates_draw_what_the_whole_row_draws() {
+        let mut rng = SmallRng::seed_from_u64(5);
+        let settings = [
+            SamplingParams { temperature: 0.0, ..Default::default() },
+            SamplingParams { top_k: 1, ..Default::default() },
+            SamplingParams { top_k: 40, ..Default::default() },
+            SamplingParams { top_k: 64, temperature: 0.7, top_p: 0.9, ..Default::default() },
+            SamplingParams { top_k: 20, temperature: 1.5, min_p: 0.05, ..Default::default() },
+            SamplingParams { top_k: 5, temperature: 0.01, ..Default::default() },
+            // So hot that different logits round to the same weight: the order by weight then
+            // breaks ties by id across tokens the candidates left out.
+            SamplingParams { top_k: 3, temperature: 1e8, ..Default::default() },
+        ];
+        let (mut decided, mut drawn) = (0, 0);
+        for (case, params) in settings.into_iter().enumerate() {
+            let params = SamplingParams { seed: Some(case as u64), ..params };
+            let mut whole = sampler(params.clone());
+            let mut from_candidates = sampler(params);
+            for draw in 0..200 {
+                // Rows with ties (logits on a coarse grid), and crowded searches that let go of
+                // tokens after 8 or 30 candidates only.
+                let grid = [0.0, 0.5, 0.01][draw % 3];
+                let row: Vec<f32> = (0..1000)
+                    .map(|_| {
+                        let l = rng.random_range(-12.0f32..12.0);
+                        if grid > 0.0 { (l / grid).round() * grid } else { l }
+                    })
+                    .collect();
+                let (candidates, let_go) = candidates_of(&row, [64, 30, 8][draw % 4 % 3]);
+                let expected = whole.sample(&row).unwrap();
+                let got = match from_candidates.sample_candidates(&candidates, let_go) {
+                    Some(token) => {
+                        decided += 1;
+                        token
+                    }
+                    None => from_candidates.sample(&row).unwrap(),
+                };
+                drawn += 1;
+                assert_eq!(got, expected, "case {case}, draw {draw}");
+            }
+        }
+        assert!(decided * 2 > drawn, "the candidates decided only {decided} of {drawn} draws");
+    }
+
+    #[test]
+    fn candidates_are_not_used_when_the_whole_row_matters() {
+        let needs = |params: SamplingParams| sampler(params).candidates_needed();
+        assert_eq!(needs(SamplingParams { temperature: 0.0, ..Default::default() }), Some(1));
+        assert_eq!(needs(SamplingParams { top_k: 50, ..Default::default() }), Some(50));
+        assert_eq!(needs(SamplingParams::default()), None, "sampling from every token");
+        assert_eq!(needs(SamplingParams { top_k: 65, ..Default::default() }), None);
+        assert_eq!(
+            needs(SamplingParams { temperature: 0.0, presence_penalty: 0.5, ..Default::default() }),
+            None
+        );
+        let bias = SamplingParams { temperature: 0.0, logit_bias: [(1, 2.0)].into(), ..Default::default() };
+        assert_eq!(needs(bias), None);
+        // Stop tokens are masked for the first two tokens: the whole row until then.
+        let params = SamplingParams { temperature: 0.0, min_new_tokens: 2, ..Default::default() };
+        let mut s = Sampler::new(params, 0, 1000, &[], &[2]).unwrap();
+        let row = [0.0, 1.0, 5.0];
+        assert_eq!(s.candidates_needed(), None);
+        assert_eq!(s.sample_candidates(&[(2, 5.0), (1, 1.0), (0, 0.0)], f32::NEG_INFINITY), None);
+        s.sample(&row).unwrap();
+        s.sample(&row).unwrap();
+        assert_eq!(s.sample_candidates(&[(2, 5.0), (1, 1.0), (0, 0.0)], f32::NEG_INFINITY), Some(2));
     }
 
     #[test]
