@@ -284,6 +284,30 @@ fn a_shared_prefix_is_reused_and_answers_sooner() {
 }
 
 #[test]
+fn parallel_samples_share_their_prompt_blocks() {
+    let running = Running::start(EngineOptions::default());
+    let engine = &running.engine;
+    let prompt: Vec<u32> = (0..100).map(|i| 3000 + (i * 7919) % 20000).collect();
+    let sampling =
+        SamplingParams { n: 4, seed: Some(9), max_new_tokens: 3, ignore_eos: true, ..Default::default() };
+    let mut outputs = collect(engine.generate(GenerateRequest {
+        input_ids: Some(Prompts::One(prompt)),
+        sampling,
+        ..Default::default()
+    }));
+    outputs.sort_by_key(|o| o.index);
+    assert_eq!(outputs.iter().map(|o| o.index).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(outputs[0].meta_info.cached_tokens, 0);
+    for sample in &outputs[1..] {
+        // The first sample's 6 full blocks of 16 tokens.
+        assert_eq!(sample.meta_info.cached_tokens, 96, "sample {}", sample.index);
+        assert_eq!(sample.output_ids.len(), 3);
+    }
+    assert_eq!(running.idle_metrics().kv_blocks_used, 0);
+    running.finish();
+}
+
+#[test]
 fn the_same_seed_gives_the_same_text_alone_and_in_a_batch() {
     let running = Running::start(EngineOptions::default());
     let engine = &running.engine;

@@ -320,6 +320,7 @@ impl Engine {
         let samples = params.n;
         let mut sequences = Vec::with_capacity(prompts.len() * samples);
         for (prompt_index, prompt) in prompts.into_iter().enumerate() {
+            let mut leader = None;
             for sample in 0..samples {
                 let index = prompt_index * samples + sample;
                 let mut sample_params = params.clone();
@@ -334,7 +335,10 @@ impl Engine {
                     shared.tokenizer.end_of_generation(),
                 )?;
                 let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-                sequences.push(Sequence::new(id, index, handle.clone(), prompt.clone(), sampler));
+                let mut sequence = Sequence::new(id, index, handle.clone(), prompt.clone(), sampler);
+                sequence.prompt_leader = leader;
+                leader.get_or_insert(id);
+                sequences.push(sequence);
             }
         }
         Ok(sequences)

@@ -6,7 +6,8 @@
 //! 1. each running sequence that is decoding gets its one token (they never wait for a prompt);
 //! 2. running sequences still in their prompt get chunks of it from what is left of the budget;
 //! 3. waiting sequences are admitted, oldest first, while there is budget and room in the
-//!    running set: each starts with the longest prefix the prefix cache holds.
+//!    running set: each starts with the longest prefix the prefix cache holds (further samples
+//!    of one prompt wait until the first has computed it, then share its blocks).
 //!
 //! Positions are reserved in the KV cache as chunks are planned. When it is full, the sequence
 //! admitted last is preempted: its blocks go back (full ones stay in the prefix cache) and it
@@ -140,6 +141,9 @@ impl Scheduler {
             }
         }
         while self.running.len() < self.limits.max_running && budget.tokens > 0 {
+            if self.waiting.front().is_some_and(|seq| self.waits_for_leader(seq)) {
+                break;
+            }
             let Some(mut seq) = self.waiting.pop_front() else { break };
             let mut table = if self.limits.prefix_cache {
                 cache.match_prefix(&seq.tokens, seq.max_cached_tokens())
@@ -183,6 +187,15 @@ impl Scheduler {
             .collect();
         planned.sort_by_key(|p| p.seq);
         planned
+    }
+
+    /// True when `seq` is a further sample of a prompt whose first sample has not computed the
+    /// prompt yet: admitted after it, `seq` finds the prompt's full blocks in the prefix cache
+    /// instead of computing them a second time.
+    fn waits_for_leader(&self, seq: &Sequence) -> bool {
+        let Some(leader) = seq.prompt_leader.filter(|_| self.limits.prefix_cache) else { return false };
+        self.waiting.iter().any(|s| s.id == leader)
+            || self.running.iter().any(|s| s.id == leader && s.computed < s.prompt_len)
     }
 
     /// Takes running sequence `index` out of the batch: its blocks go back and it waits at the

@@ -49,6 +49,9 @@ pub(crate) struct Sequence {
     pub sampler: Sampler,
     /// Prompt tokens taken from the prefix cache when first admitted.
     pub cached_tokens: Option<usize>,
+    /// For samples 2.. of a prompt (`n` > 1): the sequence of its first sample, whose prompt
+    /// blocks they share through the prefix cache once it has computed them.
+    pub prompt_leader: Option<u64>,
     detokenizer: Detokenizer,
     text: StopText,
     /// Prompt log-probabilities collected so far, and whether they have been sent.
@@ -84,6 +87,7 @@ impl Sequence {
             table: None,
             sampler,
             cached_tokens: None,
+            prompt_leader: None,
             detokenizer,
             text,
             input_logprobs: Logprobs::default(),
