@@ -25,6 +25,7 @@ use flint_core::chat::{ChatMessage, ChatTemplate};
 use flint_core::engine::{Engine, EngineMetrics, EngineOptions, GenerateOutput, GenerateRequest, StepLoop};
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
+use flint_core::model::ModelConfig;
 use flint_core::tokenizer::Tokenizer;
 use futures::executor::LocalPool;
 use futures::future::LocalBoxFuture;
@@ -94,6 +95,8 @@ struct Inner {
     engine: Engine,
     /// The model's chat template, or why there is none.
     chat_template: std::result::Result<ChatTemplate, String>,
+    /// Tokens one sequence may hold.
+    max_sequence_tokens: usize,
     /// Jobs for the engine thread; closing it stops the thread.
     jobs: Sender<Job>,
     status: Arc<Status>,
@@ -109,6 +112,7 @@ type Job = Box<dyn FnOnce(&Engine) -> LocalBoxFuture<'static, ()> + Send>;
 struct Loaded {
     engine: Engine,
     chat_template: std::result::Result<ChatTemplate, String>,
+    max_sequence_tokens: usize,
 }
 
 /// Whether the engine thread serves calls, and if not, why not.
@@ -200,6 +204,7 @@ impl LLM {
             inner: Arc::new(Inner {
                 engine: loaded.engine,
                 chat_template: loaded.chat_template,
+                max_sequence_tokens: loaded.max_sequence_tokens,
                 jobs,
                 status,
                 thread: Mutex::new(Some(thread)),
@@ -334,6 +339,12 @@ impl LLM {
         self.inner.engine.tokenizer()
     }
 
+    /// The most tokens one sequence may hold, prompt and generated tokens together: the model's
+    /// context, or the KV cache's capacity when that is smaller.
+    pub fn max_sequence_tokens(&self) -> usize {
+        self.inner.max_sequence_tokens
+    }
+
     /// The model's chat template, or an error saying why it has none.
     pub fn chat_template(&self) -> Result<&ChatTemplate> {
         self.inner.chat_template.as_ref().map_err(|why| Error::ChatTemplate(why.clone()))
@@ -462,14 +473,15 @@ fn engine_thread(
 ) {
     let started = panic::catch_unwind(AssertUnwindSafe(|| load_engine(&path, options)))
         .unwrap_or_else(|payload| Err(Error::EnginePanicked { message: panic_message(&*payload) }));
-    let (engine, step_loop, chat_template) = match started {
+    let (loaded, step_loop) = match started {
         Ok(started) => started,
         Err(error) => {
             let _ = ready.send_blocking(Err(error));
             return;
         }
     };
-    if ready.send_blocking(Ok(Loaded { engine: engine.clone(), chat_template })).is_err() {
+    let engine = loaded.engine.clone();
+    if ready.send_blocking(Ok(loaded)).is_err() {
         return;
     }
     let mut pool = LocalPool::new();
@@ -494,10 +506,7 @@ fn engine_thread(
 }
 
 /// Opens the file and the GPU, and loads the engine, reporting each stage.
-fn load_engine(
-    path: &Path,
-    options: LoadOptions,
-) -> Result<(Engine, StepLoop, std::result::Result<ChatTemplate, String>)> {
+fn load_engine(path: &Path, options: LoadOptions) -> Result<(Loaded, StepLoop)> {
     let LoadOptions { engine: engine_options, gpu, mut on_progress } = options;
     let mut report = |stage| {
         if let Some(on_progress) = on_progress.as_mut() {
@@ -510,6 +519,9 @@ fn load_engine(
     let ctx = futures::executor::block_on(GpuContext::new(&gpu))?;
     report(LoadStage::UploadingWeights);
     let (engine, step_loop) = Engine::load(ctx, &file, engine_options)?;
+    let kv = engine.metrics();
+    let max_sequence_tokens =
+        ModelConfig::from_gguf(&file)?.context_length.min(kv.kv_blocks_total * kv.kv_block_tokens);
     let chat_template = match ChatTemplate::from_gguf(&file, engine.tokenizer()) {
         Ok(Some(template)) => Ok(template),
         Ok(None) => Err(format!(
@@ -521,7 +533,7 @@ fn load_engine(
         }
     };
     report(LoadStage::Ready);
-    Ok((engine, step_loop, chat_template))
+    Ok((Loaded { engine, chat_template, max_sequence_tokens }, step_loop))
 }
 
 /// The text of a panic's payload (`panic!` gives a `&str` or a `String`).

@@ -15,6 +15,7 @@ use cli::generate::{GenerateArgs, RunArgs};
 use cli::gpu::GpuArgs;
 use cli::inspect::{InspectArgs, TokenizeArgs};
 use cli::perplexity::PerplexityArgs;
+use cli::serve::ServeArgs;
 
 #[derive(Parser)]
 #[command(name = "flint", version, about = "Run large language models from GGUF files on any GPU.")]
@@ -32,6 +33,8 @@ enum Command {
     Run(RunArgs),
     /// Chat with the model: one message per line; /reset starts over, /exit ends.
     Chat(ChatArgs),
+    /// Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions).
+    Serve(ServeArgs),
     /// Continue a prompt (streamed to standard output, or one JSON object with --json).
     Generate(GenerateArgs),
     /// Print a model's architecture, hyper-parameters, tokenizer and tensors.
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cli::generate::run(&args, quiet),
         Command::Chat(args) => cli::chat::chat(&args, quiet),
+        Command::Serve(args) => cli::serve::serve(&args, quiet),
         Command::Generate(args) => cli::generate::generate(&args, quiet),
         Command::Inspect(args) => cli::inspect::inspect(&args),
         Command::Bench(args) => cli::bench::command(&args, quiet),

@@ -84,7 +84,9 @@ fn errors_exit_1_and_usage_errors_exit_2() {
     assert_eq!(bad_value.status.code(), Some(1));
     assert!(text(&bad_value.stderr).starts_with("error: invalid value for 'top_p'"), "{:?}", bad_value);
 
-    for usage in [&["run", "--temperature"][..], &["chat", "--max-tokens", "many"]] {
+    for usage in
+        [&["run", "--temperature"][..], &["chat", "--max-tokens", "many"], &["serve", "--port", "99999"]]
+    {
         let output = flint(usage, "");
         assert_eq!(output.status.code(), Some(2), "{usage:?}: {}", text(&output.stderr));
     }

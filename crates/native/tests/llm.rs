@@ -236,6 +236,8 @@ fn shutdown_twice_then_every_call_fails() {
 #[test]
 fn the_chat_template_turns_a_conversation_into_prompt_tokens() {
     let llm = load(small_engine());
+    // The KV cache (1024 tokens) holds less than SmolLM2's context (8192).
+    assert_eq!(llm.max_sequence_tokens(), 1024);
     let ids = llm.encode_chat(&[flint_native::ChatMessage::user("Hi!")]).unwrap();
     let text = llm.tokenizer().decode(&ids, false).unwrap();
     assert!(text.starts_with("<|im_start|>") && text.ends_with("<|im_start|>assistant\n"), "{text:?}");

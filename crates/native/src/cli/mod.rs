@@ -9,3 +9,4 @@ pub mod gpu;
 pub mod inspect;
 pub mod model;
 pub mod perplexity;
+pub mod serve;

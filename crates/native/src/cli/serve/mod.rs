@@ -1,0 +1,362 @@
+//! `flint serve`: an OpenAI-compatible HTTP server (axum on tokio) in front of one engine.
+//!
+//! Every request becomes an engine request; the engine batches all of them together. Request
+//! futures and response streams run on tokio and hold the engine's stream of outputs: when a
+//! client goes away, hyper drops them, which aborts the request at the engine's next step.
+//! The step loop itself runs on the `LLM`'s thread.
+
+mod api_error;
+mod openai;
+mod prometheus;
+
+use std::collections::{HashSet, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use clap::Args;
+use flint_core::engine::GenerationStream;
+use flint_native::{GenerateOutput, LLM};
+use futures::StreamExt;
+use serde_json::json;
+
+use super::generate::engine_options;
+use super::model::ModelArg;
+use api_error::ApiError;
+use openai::{Endpoint, OpenAiRequest, Plan, Responder, Usage};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1", value_name = "HOST")]
+    host: String,
+    /// The port to listen on; 0 picks a free one (the address is printed on stderr).
+    #[arg(long, default_value_t = 8080, value_name = "PORT")]
+    port: u16,
+    /// Request bodies larger than this are refused with 413.
+    #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
+    max_body_bytes: usize,
+}
+
+/// What every handler shares.
+struct Server {
+    llm: LLM,
+    /// The model's name in requests and in `/v1/models`: the file name without `.gguf`.
+    model_id: String,
+    /// When the server started, in Unix seconds (`created` of the model).
+    started: u64,
+    next_request: AtomicU64,
+    /// The largest request body accepted.
+    max_body_bytes: usize,
+}
+
+pub fn serve(args: &ServeArgs, quiet: bool) -> anyhow::Result<()> {
+    let path = args.model.path()?;
+    let model_id = path
+        .file_name()
+        .map(|name| name.to_string_lossy().trim_end_matches(".gguf").to_string())
+        .unwrap_or_else(|| "model".into());
+    let llm = args.model.load_llm(engine_options(), quiet)?;
+    let server = Arc::new(Server {
+        llm,
+        model_id,
+        started: unix_now(),
+        next_request: AtomicU64::new(0),
+        max_body_bytes: args.max_body_bytes,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("flint-http")
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the server's runtime: {e}"))?;
+    runtime.block_on(run(args, server.clone()))?;
+    server.llm.shutdown();
+    Ok(())
+}
+
+async fn run(args: &ServeArgs, server: Arc<Server>) -> anyhow::Result<()> {
+    let address = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&address)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {address}: {e}"))?;
+    let bound: SocketAddr = listener.local_addr()?;
+    eprintln!("flint serve: model '{}' at http://{bound}/v1", server.model_id);
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
+        .layer(DefaultBodyLimit::max(args.max_body_bytes))
+        .with_state(server);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    eprintln!("flint serve: stopped");
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM where there is one.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}
+
+async fn chat_completions(
+    State(server): State<Arc<Server>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(server, Endpoint::Chat, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(server): State<Arc<Server>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(server, Endpoint::Completion, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Parses, checks and runs a request of either endpoint.
+async fn generate(
+    server: Arc<Server>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            let message = format!(
+                "the request body is larger than this server's limit of {} bytes (flint serve --max-body-bytes)",
+                server.max_body_bytes
+            );
+            ApiError::invalid(message, None).with_status(status).with_code("request_too_large")
+        } else {
+            ApiError::invalid(rejection.body_text(), None).with_status(status)
+        }
+    })?;
+    let request: OpenAiRequest = parse_body(&body)?;
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
+    let id = format!("{prefix}-{}-{}", server.started, server.next_request.fetch_add(1, Ordering::Relaxed));
+    let mut plan = request.plan(endpoint, &server.model_id, &server.llm, id.clone())?;
+    let mut stream = server.llm.engine()?.generate(std::mem::take(&mut plan.request));
+    // The first item comes after the prompt's prefill: an invalid request fails here with its
+    // 400, before a streamed response commits to 200.
+    let first = match stream.next().await {
+        Some(item) => item?,
+        None => return Err(server.llm.health().err().map_or_else(no_output, ApiError::from)),
+    };
+    let answer = Answer { server, endpoint, id, plan };
+    if answer.plan.stream { Ok(answer.stream(first, stream)) } else { answer.whole(first, stream).await }
+}
+
+/// Parses a JSON body; a malformed one is a 400 that says where.
+fn parse_body(body: &[u8]) -> Result<OpenAiRequest, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let request = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." {
+            ApiError::invalid(format!("the request body is not a valid request: {inner}"), None)
+        } else {
+            ApiError::invalid(format!("invalid '{path}': {inner}"), Some(&path))
+        }
+    })?;
+    deserializer.end().map_err(|e| {
+        ApiError::invalid(format!("the request body has more after its JSON object: {e}"), None)
+    })?;
+    Ok(request)
+}
+
+fn no_output() -> ApiError {
+    ApiError::from(flint_core::Error::EngineStopped("it ended the request without an output".into()))
+}
+
+/// One request on its way to the client.
+struct Answer {
+    server: Arc<Server>,
+    endpoint: Endpoint,
+    id: String,
+    plan: Plan,
+}
+
+impl Answer {
+    fn responder(&self) -> Responder<'_> {
+        Responder {
+            endpoint: self.endpoint,
+            id: &self.id,
+            created: unix_now(),
+            model: &self.server.model_id,
+            llm: &self.server.llm,
+        }
+    }
+
+    /// The whole answer as one JSON object.
+    async fn whole(self, first: GenerateOutput, mut stream: GenerationStream) -> Result<Response, ApiError> {
+        let mut outputs = vec![first];
+        while let Some(item) = stream.next().await {
+            outputs.push(item?);
+        }
+        if outputs.len() < self.plan.outputs {
+            // The engine stopped before every sequence ended.
+            return Err(self.server.llm.health().err().map_or_else(no_output, ApiError::from));
+        }
+        outputs.sort_by_key(|output| output.index);
+        let mut usage = Usage::default();
+        for output in &outputs {
+            usage.add(output, self.plan.n);
+        }
+        Ok(Json(self.responder().response(&outputs, &usage)).into_response())
+    }
+
+    /// The answer as server-sent events: one chunk per output item, then `data: [DONE]`.
+    fn stream(self, first: GenerateOutput, stream: GenerationStream) -> Response {
+        let state = Streaming {
+            answer: self,
+            first: Some(first),
+            stream,
+            pending: VecDeque::new(),
+            started: HashSet::new(),
+            offsets: Vec::new(),
+            usage: Usage::default(),
+            ended: 0,
+            done: false,
+        };
+        let events = futures::stream::unfold(state, |mut state| async move {
+            let event = state.next_event().await?;
+            Some((Ok::<_, Infallible>(event), state))
+        });
+        let mut response = Sse::new(events).keep_alive(KeepAlive::default()).into_response();
+        // Proxies must pass each event on as it comes.
+        response.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+        response
+    }
+}
+
+/// The state of a streamed answer: the engine's stream, and the events made but not yet sent.
+struct Streaming {
+    answer: Answer,
+    first: Option<GenerateOutput>,
+    stream: GenerationStream,
+    pending: VecDeque<Event>,
+    /// Choices that have had their first chunk (chat's first delta carries the role).
+    started: HashSet<usize>,
+    /// Per choice, the length of its text so far (completions' logprobs `text_offset`).
+    offsets: Vec<usize>,
+    usage: Usage,
+    /// Sequences whose last item was sent.
+    ended: usize,
+    done: bool,
+}
+
+impl Streaming {
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            if self.done {
+                return None;
+            }
+            let item = match self.first.take() {
+                Some(first) => Some(Ok(first)),
+                None => self.stream.next().await,
+            };
+            match item {
+                Some(Ok(output)) => self.push_output(output),
+                Some(Err(error)) => self.push_end(Some(ApiError::from(error))),
+                None if self.ended < self.answer.plan.outputs => {
+                    let error = self.answer.server.llm.health().err().map_or_else(no_output, ApiError::from);
+                    self.push_end(Some(error));
+                }
+                None => self.push_end(None),
+            }
+        }
+    }
+
+    fn push_output(&mut self, output: GenerateOutput) {
+        if output.meta_info.finish_reason.is_some() {
+            self.usage.add(&output, self.answer.plan.n);
+            self.ended += 1;
+        }
+        let role = self.started.insert(output.index);
+        if self.offsets.len() <= output.index {
+            self.offsets.resize(output.index + 1, 0);
+        }
+        let chunk = self.answer.responder().chunk(&output, role, &mut self.offsets[output.index]);
+        self.pending.push_back(Event::default().data(chunk.to_string()));
+    }
+
+    /// The stream's end: an error event if it failed, the usage chunk if asked, `[DONE]`.
+    fn push_end(&mut self, error: Option<ApiError>) {
+        if let Some(error) = error {
+            self.pending.push_back(Event::default().data(error.body().to_string()));
+        } else if self.answer.plan.include_usage {
+            let chunk = self.answer.responder().usage_chunk(&self.usage);
+            self.pending.push_back(Event::default().data(chunk.to_string()));
+        }
+        self.pending.push_back(Event::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+async fn models(State(server): State<Arc<Server>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": server.model_id,
+            "object": "model",
+            "created": server.started,
+            "owned_by": "flint",
+        }],
+    }))
+}
+
+async fn health(State(server): State<Arc<Server>>) -> Response {
+    match server.llm.health() {
+        Ok(()) => Json(json!({ "status": "ok" })).into_response(),
+        Err(error) => ApiError::from(error).into_response(),
+    }
+}
+
+async fn metrics(State(server): State<Arc<Server>>) -> Response {
+    match server.llm.metrics() {
+        Ok(metrics) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            prometheus::exposition(&metrics),
+        )
+            .into_response(),
+        Err(error) => ApiError::from(error).into_response(),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
