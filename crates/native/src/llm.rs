@@ -258,7 +258,7 @@ impl LLM {
 
     /// Queues `request` as it is and returns its outputs as they come: items as tokens are
     /// generated with `stream: true`, one item per sequence at its end otherwise.
-    pub fn submit(&self, request: GenerateRequest) -> GenerationIter {
+    fn submit(&self, request: GenerateRequest) -> GenerationIter {
         let (sender, items) = async_channel::unbounded();
         let (cancel, cancelled) = futures::channel::oneshot::channel::<()>();
         let job: Job = Box::new(move |engine| {
