@@ -92,6 +92,7 @@ def check_streamed_equals_whole():
     for question, (whole, chunks) in results.items():
         answer = whole.choices[0].message.content
         assert answer, whole
+        assert len({(c.id, c.created) for c in chunks}) == 1, "one id and time for the whole stream"
         content = [c for c in chunks if c.choices]
         assert content[0].choices[0].delta.role == "assistant", content[0]
         streamed = "".join(c.choices[0].delta.content or "" for c in content)

@@ -173,7 +173,7 @@ async fn generate(
         Some(item) => item?,
         None => return Err(server.llm.health().err().map_or_else(no_output, ApiError::from)),
     };
-    let answer = Answer { server, endpoint, id, plan };
+    let answer = Answer { server, endpoint, id, created: unix_now(), plan };
     if answer.plan.stream { Ok(answer.stream(first, stream)) } else { answer.whole(first, stream).await }
 }
 
@@ -204,6 +204,8 @@ struct Answer {
     server: Arc<Server>,
     endpoint: Endpoint,
     id: String,
+    /// Unix seconds, the same in every chunk of a stream.
+    created: u64,
     plan: Plan,
 }
 
@@ -212,7 +214,7 @@ impl Answer {
         Responder {
             endpoint: self.endpoint,
             id: &self.id,
-            created: unix_now(),
+            created: self.created,
             model: &self.server.model_id,
             llm: &self.server.llm,
         }
