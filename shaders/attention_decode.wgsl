@@ -15,6 +15,11 @@
 // A context of 0 keys writes zeros; a context longer than the block table row is clamped to it.
 // Defines: HEAD_DIM, WG, GROUP_HEADS (a divisor of n_heads / n_kv_heads).
 // Bounds: HEAD_DIM a multiple of 4 and at most 4 * WG.
+//
+// SERIAL (for CPU devices such as lavapipe, where invocations are SIMD lanes of one thread and
+// barriers and workgroup memory are costly): one invocation per (sequence, query head), linear
+// index wg.x + wg.y * num_workgroups.x times WG plus the lane, walks the sequence's keys alone
+// with its own online softmax; no workgroup memory, no barrier. GROUP_HEADS is unused.
 
 @group(0) @binding(0) var<uniform> params: AttentionParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
@@ -24,6 +29,56 @@
 @group(0) @binding(5) var<storage, read> block_table: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
+#if SERIAL
+@compute @workgroup_size(WG)
+fn attention_decode(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    let row = (wg.x + wg.y * groups.x) * WG + lane;
+    if row >= params.n_rows * params.n_heads {
+        return;
+    }
+    let seq = row / params.n_heads;
+    let kv_head = kv_head_of(row % params.n_heads);
+    var query: array<vec4<f32>, HEAD_VEC4S>;
+    var acc: array<vec4<f32>, HEAD_VEC4S>;
+    for (var i = 0u; i < HEAD_VEC4S; i++) {
+        query[i] = q[row * HEAD_VEC4S + i] * params.scale;
+    }
+    let n_keys = min(context_lens[seq], table_capacity());
+    let first = select(0u, first_visible_key(n_keys - 1u), n_keys > 0u);
+    var running_max = NO_MAX;
+    var sum = 0.0;
+    for (var key = first; key < n_keys; key++) {
+        let base = cache_vec4_index(key_slot(seq, key), kv_head);
+        var score = 0.0;
+        for (var i = 0u; i < HEAD_VEC4S; i++) {
+            score += dot(query[i], k_cache[base + i]);
+        }
+        score = soft_cap(score);
+        // Rescale only when the maximum moves, which after the first keys is rare.
+        if score > running_max {
+            let rescale = exp(running_max - score);
+            sum *= rescale;
+            for (var i = 0u; i < HEAD_VEC4S; i++) {
+                acc[i] *= rescale;
+            }
+            running_max = score;
+        }
+        let p = exp(score - running_max);
+        sum += p;
+        for (var i = 0u; i < HEAD_VEC4S; i++) {
+            acc[i] += p * v_cache[base + i];
+        }
+    }
+    for (var i = 0u; i < HEAD_VEC4S; i++) {
+        // The key at the running maximum contributes exp(0) = 1: the sum is 0 only with no keys.
+        out[row * HEAD_VEC4S + i] = select(vec4<f32>(0.0), acc[i] / sum, sum > 0.0);
+    }
+}
+#else
 const KEY_GROUPS: u32 = WG / HEAD_VEC4S;
 
 // The chunk's scaled queries, [GROUP_HEADS, HEAD_VEC4S]; after the last tile, reused for the
@@ -145,3 +200,4 @@ fn attention_decode(
         out[first_row * HEAD_VEC4S + e] = select(vec4<f32>(0.0), total / sum, sum > 0.0);
     }
 }
+#endif

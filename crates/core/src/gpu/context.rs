@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::gpu::pipeline::PipelineCache;
+use crate::gpu::profile::Profile;
 use crate::{Error, Result};
 
 /// How to pick and open a GPU.
@@ -78,6 +79,8 @@ pub struct GpuContext {
     /// Dispatches recorded since the device was opened: dispatch count per step matters as
     /// much as bytes (about 30 µs each on lavapipe), and `flint bench` reports it.
     pub(crate) dispatches: std::sync::atomic::AtomicU64,
+    /// The open profile, while kernels are being timed.
+    pub(crate) profile: Mutex<Option<Profile>>,
 }
 
 const NO_ADAPTER_HELP: &str = "no GPU adapter found. flint needs a GPU with Vulkan, Metal, DX12 or \
@@ -131,6 +134,7 @@ impl GpuContext {
             limits,
             pipelines: PipelineCache::default(),
             dispatches: std::sync::atomic::AtomicU64::new(0),
+            profile: Mutex::new(None),
             captured_error,
         }))
     }

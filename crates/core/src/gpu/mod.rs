@@ -5,10 +5,12 @@
 
 mod context;
 mod pipeline;
+mod profile;
 mod tensor;
 mod weight;
 
 pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions};
 pub use pipeline::{KernelSource, preprocess};
+pub use profile::KernelTime;
 pub use tensor::Tensor;
 pub use weight::QuantMatrix;

@@ -154,9 +154,10 @@ impl GpuContext {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
+        let mut profile = self.lock_profile()?;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(source.entry),
-            timestamp_writes: None,
+            timestamp_writes: profile.as_mut().and_then(|p| p.next_pass(source.entry)),
         });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);

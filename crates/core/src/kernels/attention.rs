@@ -51,6 +51,9 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 const KV_STORE_WG: u32 = 256;
 const DECODE_WG: u32 = 64;
+/// One SIMD group of lavapipe (8 f32 lanes of 256 bits), so that a batch of a few sequences
+/// still spreads over the device's threads.
+const DECODE_SERIAL_WG: u32 = 8;
 /// Decode: the most query heads of one kv head that a workgroup serves, reading each key and
 /// value once for all of them; bounded by their queries' and scores' workgroup memory.
 const DECODE_MAX_GROUP_HEADS: usize = 8;
@@ -247,6 +250,21 @@ pub fn decode(
     options: &AttentionOptions,
     out: &Tensor,
 ) -> Result<()> {
+    decode_as(ctx, encoder, q, cache, batch, options, out, DecodeVariant::choose(ctx))
+}
+
+/// [`decode`] in the given variant.
+#[allow(clippy::too_many_arguments)]
+fn decode_as(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &Tensor,
+    cache: &KvCacheLayer<'_>,
+    batch: &DecodeBatch<'_>,
+    options: &AttentionOptions,
+    out: &Tensor,
+    variant: DecodeVariant,
+) -> Result<()> {
     const KERNEL: &str = "attention_decode";
     let geometry = CacheGeometry::of(KERNEL, cache)?;
     let n_seqs = batch.context_lens.len();
@@ -260,11 +278,18 @@ pub fn decode(
         return Ok(());
     }
     let params = ctx.uniform(&params);
-    let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
-    let workgroups = n_seqs * n_heads / group_heads;
+    let (source, workgroups) = match variant {
+        DecodeVariant::Workgroups => {
+            let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
+            (decode_source(geometry.head_dim, group_heads), n_seqs * n_heads / group_heads)
+        }
+        DecodeVariant::Serial => {
+            (decode_serial_source(geometry.head_dim), (n_seqs * n_heads).div_ceil(DECODE_SERIAL_WG as usize))
+        }
+    };
     ctx.dispatch(
         encoder,
-        &decode_source(geometry.head_dim, group_heads),
+        &source,
         &[
             params.as_entire_binding(),
             q.binding(),
@@ -406,6 +431,37 @@ fn attention_params(
 /// `group` up to [`DECODE_MAX_GROUP_HEADS`], so that every workgroup serves a full chunk.
 fn decode_group_heads(group: usize) -> usize {
     (1..=DECODE_MAX_GROUP_HEADS.min(group)).rev().find(|d| group.is_multiple_of(*d)).unwrap_or(1)
+}
+
+/// How decode attention spreads its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DecodeVariant {
+    /// A workgroup per (sequence, kv head, chunk of query heads), keys in tiles shared through
+    /// workgroup memory: GPUs.
+    Workgroups,
+    /// An invocation per (sequence, query head), alone over its keys: CPU devices, where
+    /// invocations are SIMD lanes of one thread and every barrier and every loop of every lane
+    /// over a tile's scores in workgroup memory costs (at 16 sequences on lavapipe the
+    /// workgroup form took 86 ms a step for SmolLM2's 30 layers).
+    Serial,
+}
+
+impl DecodeVariant {
+    fn choose(ctx: &GpuContext) -> Self {
+        if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+            DecodeVariant::Serial
+        } else {
+            DecodeVariant::Workgroups
+        }
+    }
+}
+
+fn decode_serial_source(head_dim: usize) -> KernelSource {
+    KernelSource::new("attention_decode", &[COMMON, DECODE])
+        .define("HEAD_DIM", format!("{head_dim}u"))
+        .define("WG", format!("{DECODE_SERIAL_WG}u"))
+        .define("GROUP_HEADS", "1u")
+        .define("SERIAL", true)
 }
 
 fn decode_source(head_dim: usize, group_heads: usize) -> KernelSource {
@@ -627,15 +683,18 @@ mod tests {
         let shape = [n_seqs, heads.n_heads, heads.head_dim];
         let q_gpu = Tensor::from_slice(ctx, "q", &shape, &q).unwrap();
         let out = Tensor::empty(ctx, "out", &shape).unwrap();
-        out.fill_bits(ctx, POISON);
-        let mut encoder = ctx.encoder("test");
         let batch = DecodeBatch { context_lens: &context_lens_gpu, block_table: &block_table };
-        decode(ctx, &mut encoder, &q_gpu, &KvCacheLayer { k: &k, v: &v }, &batch, &options, &out).unwrap();
-        ctx.submit(encoder).unwrap();
-        let got = pollster::block_on(out.to_f32(ctx)).unwrap();
+        let run = |variant| {
+            out.fill_bits(ctx, POISON);
+            let mut encoder = ctx.encoder("test");
+            let cache = KvCacheLayer { k: &k, v: &v };
+            decode_as(ctx, &mut encoder, &q_gpu, &cache, &batch, &options, &out, variant).unwrap();
+            ctx.submit(encoder).unwrap();
+            pollster::block_on(out.to_f32(ctx)).unwrap()
+        };
 
         let group = heads.n_heads / heads.n_kv_heads;
-        let mut expected = Vec::with_capacity(got.len());
+        let mut expected = Vec::with_capacity(q.len());
         for (seq, &len) in context_lens.iter().enumerate() {
             for head in 0..heads.n_heads {
                 if len == 0 {
@@ -646,7 +705,9 @@ mod tests {
                 }
             }
         }
-        assert_close(name, &got, &expected, ATTENTION_TOLERANCE);
+        for variant in [DecodeVariant::Workgroups, DecodeVariant::Serial] {
+            assert_close(&format!("{name} {variant:?}"), &run(variant), &expected, ATTENTION_TOLERANCE);
+        }
     }
 
     #[test]
@@ -910,7 +971,8 @@ mod tests {
         validate_wgsl(&KernelSource::new("kv_store", &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u")));
         for head_dim in (4..=MAX_HEAD_DIM).step_by(4) {
             let decode_variants = (1..=DECODE_MAX_GROUP_HEADS).map(|heads| decode_source(head_dim, heads));
-            for source in decode_variants.chain([prefill_source(head_dim)]) {
+            let serial = decode_serial_source(head_dim);
+            for source in decode_variants.chain([serial, prefill_source(head_dim)]) {
                 validate_wgsl(&source);
                 let bytes = workgroup_bytes(&source);
                 assert!(bytes <= WORKGROUP_BYTES, "{} {:?}: {bytes} bytes", source.entry, source.defines);

@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// e.g. `--streams 1,4,16`.
     #[arg(long, value_name = "N,N,..", value_delimiter = ',', conflicts_with = "concurrency")]
     streams: Vec<usize>,
+    /// Also time every kernel with GPU timestamps over a few extra decode steps (and the
+    /// prefill before them), and print the time per kernel family.
+    #[arg(long, conflicts_with = "streams")]
+    profile: bool,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -56,9 +60,12 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
         repeats: args.repeats,
     };
     let r = run(&file, &tokenizer, &model, load_s, &options)?;
+    let profile = if args.profile { Some(profile(&model, &tokenizer, &options)?) } else { None };
     let mut out = std::io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        let mut report = serde_json::to_value(&r)?;
+        report["profile"] = serde_json::to_value(&profile)?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
     writeln!(out, "adapter:        {}", r.adapter)?;
@@ -89,7 +96,128 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
         "dispatches:     {:.0} per decode step, {:.1} per layer",
         r.dispatches_per_decode_step, r.dispatches_per_layer
     )?;
+    if let Some(profile) = profile {
+        for (phase, families) in [("prefill", &profile.prefill), ("decode step", &profile.decode_step)] {
+            let total: f64 = families.iter().map(|f| f.ms).sum();
+            writeln!(
+                out,
+                "\nGPU time per {phase}: {total:.2} ms (timestamps; wall {:.2} ms)",
+                match phase {
+                    "prefill" => profile.prefill_wall_ms,
+                    _ => profile.decode_step_wall_ms,
+                }
+            )?;
+            writeln!(out, "{:<24} {:>10} {:>10} {:>7}", "kernel", "dispatches", "ms", "share")?;
+            for f in families.iter() {
+                writeln!(
+                    out,
+                    "{:<24} {:>10.1} {:>10.3} {:>6.1}%",
+                    f.kernel,
+                    f.dispatches,
+                    f.ms,
+                    100.0 * f.ms / total.max(1e-12)
+                )?;
+            }
+        }
+    }
     Ok(())
+}
+
+/// GPU time per kernel family, from timestamps.
+#[derive(Serialize)]
+pub struct Profile {
+    /// Prompt tokens per sequence that the prefill profile covers.
+    pub prompt_tokens: usize,
+    /// Every kernel of the prefill of one sequence, most expensive first.
+    pub prefill: Vec<FamilyTime>,
+    /// Wall-clock milliseconds of that prefill (recording, GPU, readback).
+    pub prefill_wall_ms: f64,
+    /// Every kernel of a decode step of the whole batch (mean of several steps).
+    pub decode_step: Vec<FamilyTime>,
+    /// Wall-clock milliseconds of a decode step (mean).
+    pub decode_step_wall_ms: f64,
+}
+
+/// One kernel family's share of a phase.
+#[derive(Serialize)]
+pub struct FamilyTime {
+    /// The kernel's entry point.
+    pub kernel: &'static str,
+    /// Dispatches per phase.
+    pub dispatches: f64,
+    /// GPU milliseconds per phase.
+    pub ms: f64,
+}
+
+/// Decode steps the profile averages over.
+const PROFILED_STEPS: usize = 4;
+
+/// The most dispatches one profile can time: a query set holds 4096 timestamps, two each.
+const PROFILE_MAX_DISPATCHES: u32 = 2048;
+
+/// Times every kernel of one prefill and of a few decode steps of `options`' batch.
+fn profile(model: &Model, tokenizer: &Tokenizer, options: &BenchOptions) -> anyhow::Result<Profile> {
+    let ctx = model.gpu();
+    let prompt = prompt_ids(tokenizer, options.prompt_tokens);
+    let mut cache = model.new_kv_cache(Some(
+        (prompt.len() + PROFILED_STEPS + 1).next_multiple_of(flint_core::model::KV_BLOCK_TOKENS)
+            * options.concurrency,
+    ))?;
+    let mut tables: Vec<_> = (0..options.concurrency).map(|_| cache.new_sequence()).collect();
+    let mut next = Vec::with_capacity(options.concurrency);
+    let mut prefill_times = Vec::new();
+    let mut prefill_wall_ms = 0.0;
+    for (i, table) in tables.iter_mut().enumerate() {
+        cache.append(table, prompt.len())?;
+        let started = Instant::now();
+        if i == 0 {
+            ctx.start_profile(PROFILE_MAX_DISPATCHES)?;
+        }
+        let row = pollster::block_on(prefill(model, &cache, table, &prompt)?.to_f32(ctx))?;
+        if i == 0 {
+            prefill_wall_ms = started.elapsed().as_secs_f64() * 1e3;
+            prefill_times = pollster::block_on(ctx.finish_profile())?;
+        }
+        next.push(argmax(&row).unwrap_or(0));
+    }
+    let vocab = model.config().vocab_size;
+    let mut decode_times = Vec::new();
+    let started = Instant::now();
+    for _ in 0..PROFILED_STEPS {
+        ctx.start_profile(PROFILE_MAX_DISPATCHES)?;
+        let logits = pollster::block_on(decode_step(model, &mut cache, &mut tables, &next)?.to_f32(ctx))?;
+        decode_times.extend(pollster::block_on(ctx.finish_profile())?);
+        next = logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(0)).collect();
+    }
+    let decode_step_wall_ms = started.elapsed().as_secs_f64() * 1e3 / PROFILED_STEPS as f64;
+    for table in tables {
+        cache.release(table);
+    }
+    Ok(Profile {
+        prompt_tokens: prompt.len(),
+        prefill: by_family(&prefill_times, 1),
+        prefill_wall_ms,
+        decode_step: by_family(&decode_times, PROFILED_STEPS),
+        decode_step_wall_ms,
+    })
+}
+
+/// Kernel times summed per entry point and divided by `phases`, most expensive first.
+fn by_family(times: &[flint_core::gpu::KernelTime], phases: usize) -> Vec<FamilyTime> {
+    let mut families: Vec<FamilyTime> = Vec::new();
+    for time in times {
+        let index = match families.iter().position(|f| f.kernel == time.kernel) {
+            Some(index) => index,
+            None => {
+                families.push(FamilyTime { kernel: time.kernel, dispatches: 0.0, ms: 0.0 });
+                families.len() - 1
+            }
+        };
+        families[index].dispatches += 1.0 / phases as f64;
+        families[index].ms += time.seconds * 1e3 / phases as f64;
+    }
+    families.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    families
 }
 
 /// `--streams`: the engine's aggregate decode speed at each number of concurrent streams.
