@@ -8,6 +8,8 @@ use crate::kernels::ensure;
 use crate::quant::QuantType;
 
 const SOURCE: &str = include_str!("../../../../shaders/matmul.wgsl");
+/// Invocations per workgroup on CPU devices: one SIMD group of lavapipe's 256-bit vectors.
+const CPU_WG_SIZE: u32 = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -52,15 +54,20 @@ struct Variant {
 impl Variant {
     /// The variant for `batch` rows of activations on this device.
     ///
-    /// CPU devices (lavapipe, SwiftShader) run invocations as SIMD lanes of one thread, where
-    /// barriers are expensive (a 64-wide tree reduction ran at 0.2-0.4 GB/s on lavapipe against
-    /// 1.0-1.7 with no barrier), so each invocation sums whole rows alone. lavapipe turns every
-    /// load whose address is not a constant into a loop over the lanes, one scalar at a time,
-    /// while arithmetic stays SIMD; so an invocation takes a tile of rows × batch rows, each
-    /// activation reused across the rows and each decoded weight across the batch rows (of the
-    /// tiles measured, 2-4 rows won at batch 1, 4 × 8 at batch 8 and 8 × 16 at batch 64), and
+    /// CPU devices (lavapipe, SwiftShader) run a workgroup on one thread, its invocations as
+    /// SIMD lanes, where barriers are expensive (a 64-wide tree reduction ran at 0.2-0.4 GB/s on
+    /// lavapipe against 1.0-1.7 with no barrier), so each invocation sums whole rows alone.
+    /// lavapipe (Mesa 22.3) turns every storage load inside a loop into a loop over the lanes,
+    /// one scalar at a time with a bounds check, while arithmetic stays SIMD; so an invocation
+    /// takes a tile of rows × batch rows, each activation reused across the rows and each
+    /// decoded weight across the batch rows, and
     /// with subgroups the 8 activations a step needs are loaded once per subgroup and
-    /// broadcast (a broadcast from a constant lane is a plain SIMD shuffle).
+    /// broadcast (a broadcast from a constant lane is a plain SIMD shuffle). A workgroup is one
+    /// SIMD group of 8, so that even SmolLM2's 192-row k and v projections make several
+    /// workgroups for the device's threads to share (64 invocations × 4 rows made one, and the
+    /// 576-row projections two: at 16 batch rows the 576 × 1536 product took 3.6 ms against 2.2
+    /// with workgroups of 8, min of 5 interleaved runs). Tiles measured the same way: 8 rows at
+    /// batch 1, 4 × 4 up to 4, 2 × 8 up to 8, 8 × 16 beyond.
     /// GPUs want many invocations per row for coalesced loads: 32 (a warp on NVIDIA, within
     /// every subgroup size but Intel's and WARP's, hence the min), added by subgroup shuffles
     /// where available; their tiles stay at one row and at most 8 batch rows.
@@ -74,13 +81,15 @@ impl Variant {
         let info = ctx.adapter_info();
         if info.device_type == wgpu::DeviceType::Cpu {
             let x_broadcast = ctx.features().subgroups && info.subgroup_min_size >= 8;
-            let row_tile = match batch {
-                1 if !x_broadcast => 2,
-                1..=8 => 4,
-                _ => 8,
+            let (row_tile, batch_tile) = match batch {
+                1 if !x_broadcast => (2, 1),
+                1 => (8, 1),
+                2..=4 => (4, 4),
+                5..=8 => (2, 8),
+                _ => (8, 16),
             };
             Variant {
-                wg_size: 64,
+                wg_size: CPU_WG_SIZE,
                 threads_per_row: 1,
                 row_tile,
                 batch_tile,
