@@ -96,6 +96,10 @@ pub enum Error {
     /// the request ends with this error while the engine goes on with the others.
     #[error("the engine step running this request failed: {0}")]
     StepFailed(String),
+    /// The engine's GPU failed (the device was lost, ran out of memory, or reported an error
+    /// during a step): its state cannot be trusted, so the engine fails every request.
+    #[error("the engine is unhealthy: {0}; load the model again (on a new GPU device) to go on")]
+    Unhealthy(String),
     /// The engine's step loop is not running (it was never started, or it ended), so the
     /// request cannot be served.
     #[error("the engine is not running: {0}")]

@@ -222,7 +222,8 @@ impl LLM {
             // The engine names what is wrong.
             _ => 1,
         };
-        let outputs = prompts * request.sampling.n;
+        // Saturating: `n` is checked by the engine, after this.
+        let outputs = prompts.saturating_mul(request.sampling.n);
         if outputs > 1 {
             return Err(Error::ManyOutputs { outputs });
         }
@@ -329,9 +330,12 @@ impl LLM {
         Ok(self.inner.engine.metrics())
     }
 
-    /// Ok while the engine serves calls; else the error calls get (shut down, or panicked).
+    /// Ok while the engine serves calls; else the error calls get: shut down, panicked, or
+    /// unhealthy ([`flint_core::Error::Unhealthy`]: its GPU failed, and the model must be
+    /// loaded again with [`LLM::load`]).
     pub fn health(&self) -> Result<()> {
-        self.inner.status.check()
+        self.inner.status.check()?;
+        Ok(self.inner.engine.health()?)
     }
 
     /// The model's tokenizer (it works after shutdown too).
@@ -354,11 +358,7 @@ impl LLM {
     /// assistant's turn opened, and tokenized with its special tokens (one BOS, whether the
     /// template writes it or the tokenizer adds it).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let text = self.chat_template()?.render(messages, true)?;
-        let tokenizer = self.tokenizer();
-        let bos_text = tokenizer.bos().and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
-        let add_bos = bos_text.is_empty() || !text.starts_with(bos_text);
-        Ok(tokenizer.encode(&text, add_bos, true))
+        Ok(self.chat_template()?.encode(self.tokenizer(), messages)?)
     }
 
     /// Stops the engine: calls waiting on it fail with [`Error::ShutDown`], later calls too.

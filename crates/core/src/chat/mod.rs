@@ -139,6 +139,16 @@ impl ChatTemplate {
             })
             .map_err(template_error)
     }
+
+    /// A conversation as prompt tokens: rendered with the assistant's turn opened, and
+    /// tokenized with its special tokens and exactly one BOS, whether the template writes it or
+    /// `tokenizer` adds it.
+    pub fn encode(&self, tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let text = self.render(messages, true)?;
+        let bos_text = tokenizer.bos().and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
+        let add_bos = bos_text.is_empty() || !text.starts_with(bos_text);
+        Ok(tokenizer.encode(&text, add_bos, true))
+    }
 }
 
 /// `tojson` as `transformers` defines it for chat templates: `json.dumps(value,

@@ -13,6 +13,12 @@
 //! sequence and chunks of prompts, within a token budget (see `scheduler.rs`), then one
 //! readback of the rows of logits it produced, sampling, and the new text for every stream.
 //!
+//! Faults stay with the requests they touch. A step whose forward pass fails or panics (a
+//! kernel launcher's bug) fails the requests of that step; a sampler that panics fails its own
+//! sequence; the other requests go on. A GPU error (the device lost, out of memory) leaves
+//! the device's state untrustworthy: every request then fails, new ones are refused, and
+//! [`Engine::health`] reports why until the model is loaded again on a new device.
+//!
 //! ```no_run
 //! # async fn example() -> flint_core::Result<()> {
 //! use futures::StreamExt;
@@ -47,13 +53,14 @@ mod sequence;
 mod stop;
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use async_channel::{Receiver, Sender};
-use futures::Stream;
+use futures::{FutureExt, Stream};
 use serde::Serialize;
 use web_time::Instant;
 
@@ -133,6 +140,8 @@ pub struct EngineMetrics {
     pub steps: u64,
     /// Sequences preempted (and later recomputed) because the KV cache was full.
     pub preemptions: u64,
+    /// False once the GPU failed (see [`Engine::health`]).
+    pub healthy: bool,
 }
 
 /// A message to the step loop.
@@ -140,6 +149,45 @@ enum Command {
     Submit(Vec<Sequence>),
     Abort(String),
     FlushCache(futures::channel::oneshot::Sender<()>),
+    #[cfg(feature = "fault-injection")]
+    Inject(Fault),
+}
+
+/// A fault for tests to inject into the step loop ([`Engine::inject_fault`]), to check that
+/// it fails only what it should.
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The next forward pass panics, as a bug in a kernel launcher would.
+    PanicInForwardPass,
+    /// The next draw of a sequence of request `rid` panics, as a bug in the sampler would.
+    PanicWhileSampling(String),
+    /// The GPU device is destroyed (`wgpu::Device::destroy`), as a driver reset or an unplugged
+    /// GPU loses it.
+    DestroyDevice,
+}
+
+/// Why the engine is unhealthy, once it is: shared by the handles, the step loop and the
+/// device's lost callback.
+#[derive(Clone, Default)]
+struct Health(Arc<Mutex<Option<String>>>);
+
+impl Health {
+    /// The reason, when the engine is unhealthy.
+    fn failure(&self) -> Option<String> {
+        self.0.lock().map_or_else(|poisoned| poisoned.into_inner().clone(), |reason| reason.clone())
+    }
+
+    /// Records `reason`; the first one stays.
+    fn fail(&self, reason: String) {
+        let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        slot.get_or_insert(reason);
+    }
+
+    fn check(&self) -> Result<()> {
+        self.failure().map_or(Ok(()), |reason| Err(Error::Unhealthy(reason)))
+    }
 }
 
 /// What the handles share.
@@ -150,6 +198,7 @@ struct Shared {
     context_length: usize,
     kv_capacity_tokens: usize,
     metrics: Arc<Mutex<EngineMetrics>>,
+    health: Health,
     next_id: AtomicU64,
     seed: u64,
 }
@@ -195,6 +244,11 @@ impl Engine {
         let (commands, receiver) = async_channel::unbounded();
         let tokenizer = Arc::new(tokenizer);
         let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
+        let health = Health::default();
+        let lost = health.clone();
+        model.gpu().device().set_device_lost_callback(move |reason, message| {
+            lost.fail(format!("the GPU device was lost ({reason:?}: {message})"));
+        });
         let shared = Shared {
             commands,
             tokenizer: tokenizer.clone(),
@@ -202,6 +256,7 @@ impl Engine {
             context_length: config.context_length,
             kv_capacity_tokens: cache.capacity_tokens(),
             metrics: metrics.clone(),
+            health: health.clone(),
             next_id: AtomicU64::new(0),
             seed: options.seed,
         };
@@ -212,8 +267,11 @@ impl Engine {
             scheduler: Scheduler::new(limits),
             commands: receiver,
             metrics,
+            health,
             counters: Counters::default(),
             prefix_cache: options.prefix_cache,
+            #[cfg(feature = "fault-injection")]
+            faults: Vec::new(),
         };
         step_loop.publish_metrics();
         Ok((Engine { shared: Arc::new(shared) }, step_loop))
@@ -237,12 +295,13 @@ impl Engine {
     /// naming what is wrong, and nothing is queued.
     pub fn generate(&self, request: GenerateRequest) -> GenerationStream {
         let (output, items) = async_channel::unbounded();
-        let submitted = self.prepare(request, output.clone()).and_then(|sequences| {
-            self.shared
-                .commands
-                .try_send(Command::Submit(sequences))
-                .map_err(|_| Error::EngineStopped("its step loop has ended".into()))
-        });
+        let submitted =
+            self.health().and_then(|()| self.prepare(request, output.clone())).and_then(|sequences| {
+                self.shared
+                    .commands
+                    .try_send(Command::Submit(sequences))
+                    .map_err(|_| Error::EngineStopped("its step loop has ended".into()))
+            });
         if let Err(error) = submitted {
             // Unbounded and open: cannot fail.
             let _ = output.try_send(Err(error));
@@ -269,6 +328,20 @@ impl Engine {
     /// What the engine is doing, as of its last step.
     pub fn metrics(&self) -> EngineMetrics {
         self.shared.metrics.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Ok while the engine can serve; [`Error::Unhealthy`] once its GPU failed (the device was
+    /// lost, ran out of memory, or reported an error in a step). An unhealthy engine fails
+    /// every request: load the model again, on a new device.
+    pub fn health(&self) -> Result<()> {
+        self.shared.health.check()
+    }
+
+    /// Makes the step loop meet `fault` (tests only: the `fault-injection` feature).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_fault(&self, fault: Fault) {
+        let _ = self.shared.commands.try_send(Command::Inject(fault));
     }
 
     /// Checks a request and turns it into sequences (one per prompt and sample).
@@ -353,7 +426,8 @@ impl Engine {
             return Err(Error::TokenOutOfVocabulary { id: bad, vocab_size: shared.vocab_size });
         }
         let max_new = request.sampling.max_new_tokens;
-        let needed = prompt.len() + max_new;
+        // Saturating: `max_new_tokens` comes from the caller, up to usize::MAX.
+        let needed = prompt.len().saturating_add(max_new);
         for (limit, what) in [
             (shared.context_length, "the model's context"),
             (shared.kv_capacity_tokens, "the engine's KV cache"),
@@ -453,8 +527,12 @@ pub struct StepLoop {
     scheduler: Scheduler,
     commands: Receiver<Command>,
     metrics: Arc<Mutex<EngineMetrics>>,
+    health: Health,
     counters: Counters,
     prefix_cache: bool,
+    /// Faults injected and not met yet.
+    #[cfg(feature = "fault-injection")]
+    faults: Vec<Fault>,
 }
 
 impl StepLoop {
@@ -471,6 +549,9 @@ impl StepLoop {
                 self.handle(command);
             }
             self.retire_abandoned();
+            if let Some(reason) = self.health.failure() {
+                self.fail_everything(&reason);
+            }
             if !self.scheduler.is_idle() {
                 self.step().await;
             }
@@ -496,7 +577,27 @@ impl StepLoop {
                 self.publish_metrics();
                 let _ = reply.send(());
             }
+            #[cfg(feature = "fault-injection")]
+            Command::Inject(Fault::DestroyDevice) => self.model.gpu().device().destroy(),
+            #[cfg(feature = "fault-injection")]
+            Command::Inject(fault) => self.faults.push(fault),
         }
+    }
+
+    /// Fails every running and waiting sequence: the GPU can no longer be trusted.
+    fn fail_everything(&mut self, reason: &str) {
+        let all = self.scheduler.running.iter_mut().chain(self.scheduler.waiting.iter_mut());
+        for seq in all {
+            seq.fail(Error::Unhealthy(reason.to_string()));
+        }
+        self.emit_and_retire();
+    }
+
+    /// Takes an injected fault that `matches`, if there is one.
+    #[cfg(feature = "fault-injection")]
+    fn take_fault(&mut self, matches: impl Fn(&Fault) -> bool) -> bool {
+        let found = self.faults.iter().position(matches);
+        found.map(|index| self.faults.remove(index)).is_some()
     }
 
     /// Drops the sequences whose streams were dropped, freeing their blocks.
@@ -530,18 +631,39 @@ impl StepLoop {
             }
             return;
         }
-        let generated = match self.run_planned(&planned).await {
-            Ok(generated) => generated,
-            Err(error) => {
-                let message = error.to_string();
-                for p in &planned {
-                    self.scheduler.running[p.seq].fail(Error::StepFailed(message.clone()));
+        // A panic in the forward pass (a kernel launcher's bug) is caught here and fails the
+        // step's sequences like an error would; their blocks are released, and the cache and
+        // scheduler hold nothing of the step that unwound. On wasm32 panics abort: there is
+        // nothing to catch, and the page's engine is gone.
+        let outcome = AssertUnwindSafe(self.run_planned(&planned)).catch_unwind().await;
+        if !matches!(outcome, Ok(Ok(_))) {
+            // A lost device fails steps (wgpu even panics on some calls) before its lost
+            // callback runs: wgpu runs the callback when polled.
+            let _ = self.model.gpu().device().poll(wgpu::PollType::Poll);
+        }
+        let generated = match outcome {
+            Ok(Ok(generated)) => generated,
+            Ok(Err(error)) => {
+                if matches!(error, Error::Gpu(_) | Error::Readback(_)) {
+                    self.health.fail(format!("a step failed on the GPU: {error}"));
                 }
+                self.fail_planned(&planned, &error.to_string());
+                0
+            }
+            Err(payload) => {
+                self.fail_planned(&planned, &format!("it panicked: {}", panic_message(&*payload)));
                 0
             }
         };
         self.counters.record_step(started, generated);
         self.emit_and_retire();
+    }
+
+    /// Fails the sequences of a step that failed with `message`.
+    fn fail_planned(&mut self, planned: &[Planned], message: &str) {
+        for p in planned {
+            self.scheduler.running[p.seq].fail(Error::StepFailed(message.to_string()));
+        }
     }
 
     /// Runs the forward pass of `planned`, then samples for every sequence whose chunk reached
@@ -553,6 +675,10 @@ impl StepLoop {
     /// draw is read back alone. Otherwise (prompt log-probabilities, logprobs, penalties,
     /// sampling from every token) the whole logits are read back.
     async fn run_planned(&mut self, planned: &[Planned]) -> Result<usize> {
+        #[cfg(feature = "fault-injection")]
+        if self.take_fault(|fault| *fault == Fault::PanicInForwardPass) {
+            panic!("fault injected: a panic in the forward pass");
+        }
         let vocab = self.model.config().vocab_size;
         let running = &self.scheduler.running;
         let depth = candidate_depth(planned, running);
@@ -589,6 +715,13 @@ impl StepLoop {
         let mut generated = 0;
         let mut first_row = 0;
         for p in planned {
+            #[cfg(feature = "fault-injection")]
+            let panics = {
+                let rid = self.scheduler.running[p.seq].request.rid.clone();
+                let samples_now =
+                    p.rows() > 0 && p.positions.end == self.scheduler.running[p.seq].tokens.len();
+                samples_now && self.take_fault(|fault| *fault == Fault::PanicWhileSampling(rid.clone()))
+            };
             let seq = &mut self.scheduler.running[p.seq];
             let row_range = first_row..first_row + p.rows();
             first_row += p.rows();
@@ -609,16 +742,27 @@ impl StepLoop {
                 continue;
             }
             let last = row_range.end - 1;
-            let sampled = match candidates.get(last) {
-                Some(row) => match seq.sample_next_from(&self.tokenizer, row) {
-                    Ok(true) => Ok(()),
-                    Ok(false) => match read_row(&ctx, &logits, last, vocab).await {
-                        Ok(row) => seq.sample_next(&self.tokenizer, &row),
-                        Err(error) => Err(error),
-                    },
+            // A panic while sampling (the sampler's bug) fails this sequence alone.
+            let from_candidates = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                #[cfg(feature = "fault-injection")]
+                if panics {
+                    panic!("fault injected: a panic while sampling");
+                }
+                candidates.get(last).map(|row| seq.sample_next_from(&self.tokenizer, row))
+            }));
+            let sampled = match from_candidates {
+                Ok(Some(Ok(true))) => Ok(()),
+                Ok(Some(Err(error))) => Err(error),
+                Ok(Some(Ok(false))) => match read_row(&ctx, &logits, last, vocab).await {
+                    Ok(row) => sample_guarded(|| seq.sample_next(&self.tokenizer, &row)),
                     Err(error) => Err(error),
                 },
-                None => seq.sample_next(&self.tokenizer, &rows[last * vocab..(last + 1) * vocab]),
+                Ok(None) => sample_guarded(|| {
+                    seq.sample_next(&self.tokenizer, &rows[last * vocab..(last + 1) * vocab])
+                }),
+                Err(payload) => {
+                    Err(Error::StepFailed(format!("sampling panicked: {}", panic_message(&*payload))))
+                }
             };
             match sampled {
                 Ok(()) => generated += 1,
@@ -680,6 +824,7 @@ impl StepLoop {
             generation_tokens_per_second: c.rate(),
             steps: c.steps,
             preemptions: admitted.preemptions,
+            healthy: self.health.failure().is_none(),
         };
         if let Ok(mut shared) = self.metrics.lock() {
             *shared = metrics;
@@ -702,6 +847,22 @@ fn candidate_depth(planned: &[Planned], running: &[Sequence]) -> Option<Candidat
         });
     }
     deepest
+}
+
+/// Runs a draw, turning a panic into the sequence's error.
+fn sample_guarded(draw: impl FnOnce() -> Result<()>) -> Result<()> {
+    std::panic::catch_unwind(AssertUnwindSafe(draw)).unwrap_or_else(|payload| {
+        Err(Error::StepFailed(format!("sampling panicked: {}", panic_message(&*payload))))
+    })
+}
+
+/// The text of a panic's payload (`panic!` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Row `row` of `logits` `[rows, vocab]`, read back alone.

@@ -77,15 +77,15 @@ impl From<flint_native::Error> for ApiError {
             Native::Core(Core::ChatTemplate(_)) | Native::ChatTemplate(_) => {
                 ApiError::invalid(message, Some("messages"))
             }
-            Native::ShutDown | Native::EnginePanicked { .. } | Native::Core(Core::EngineStopped(_)) => {
-                ApiError {
-                    status: StatusCode::SERVICE_UNAVAILABLE,
-                    message,
-                    kind: "server_error",
-                    param: None,
-                    code: Some("engine_stopped"),
-                }
-            }
+            Native::ShutDown
+            | Native::EnginePanicked { .. }
+            | Native::Core(Core::EngineStopped(_) | Core::Unhealthy(_)) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message,
+                kind: "server_error",
+                param: None,
+                code: Some("engine_stopped"),
+            },
             _ => ApiError {
                 status: StatusCode::INTERNAL_SERVER_ERROR,
                 message,

@@ -75,5 +75,11 @@ pub fn exposition(m: &EngineMetrics) -> String {
         "Sequences preempted (and later recomputed) because the KV cache was full.",
         &[("", m.preemptions as f64)],
     );
+    metric(
+        "healthy",
+        "gauge",
+        "1 while the engine serves; 0 once its GPU failed (the server then needs a restart).",
+        &[("", f64::from(u8::from(m.healthy)))],
+    );
     text
 }

@@ -1,0 +1,170 @@
+//! Faults on the real SmolLM2 engine: a panic in the forward pass or in a sampler fails only
+//! the requests it touches and the engine goes on; a GPU device lost mid-request fails the
+//! requests, marks the engine unhealthy and refuses new ones, and the model loads again on a
+//! new device; a KV cache too small for a request is an error before anything is queued.
+//!
+//! Panics and device loss are injected with `Engine::inject_fault` (flint-core's
+//! `fault-injection` feature) or, where the test holds the device, `wgpu::Device::destroy`.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flint_core::Error;
+use flint_core::engine::{
+    Engine, EngineMetrics, EngineOptions, Fault, FinishReason, GenerateOutput, GenerateRequest,
+    GenerationStream, Prompts,
+};
+use flint_core::gguf::GgufFile;
+use flint_core::gpu::{GpuContext, GpuOptions};
+use flint_core::sample::SamplingParams;
+use flint_e2e::SMOLLM2;
+use futures::StreamExt;
+use futures::executor::block_on;
+
+/// A device of its own for each test: one test destroys its device.
+fn gpu() -> Arc<GpuContext> {
+    block_on(GpuContext::new(&GpuOptions::from_env()))
+        .unwrap_or_else(|e| panic!("GPU tests need an adapter (they never skip): {e}"))
+}
+
+/// An engine on `ctx`, its step loop on a thread of its own.
+fn start(ctx: Arc<GpuContext>, options: EngineOptions) -> (Engine, JoinHandle<()>) {
+    let file = GgufFile::open(SMOLLM2.path()).unwrap();
+    let (engine, step_loop) = Engine::load(ctx, &file, options).unwrap();
+    (engine, std::thread::spawn(move || block_on(step_loop.run())))
+}
+
+fn request(rid: &str, prompt: &str, max_new_tokens: usize, stream: bool) -> GenerateRequest {
+    GenerateRequest {
+        text: Some(Prompts::One(prompt.into())),
+        sampling: SamplingParams { temperature: 0.0, max_new_tokens, ignore_eos: true, ..Default::default() },
+        stream,
+        rid: Some(rid.into()),
+        ..Default::default()
+    }
+}
+
+fn collect(stream: GenerationStream) -> Vec<Result<GenerateOutput, Error>> {
+    block_on(stream.collect::<Vec<_>>())
+}
+
+fn output_ids(items: Vec<Result<GenerateOutput, Error>>) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for item in items {
+        ids.extend(item.unwrap_or_else(|e| panic!("request failed: {e}")).output_ids);
+    }
+    ids
+}
+
+fn idle_metrics(engine: &Engine) -> EngineMetrics {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let metrics = engine.metrics();
+        if metrics.running_sequences == 0 && metrics.waiting_sequences == 0 {
+            return metrics;
+        }
+        assert!(Instant::now() < deadline, "the engine did not go idle: {metrics:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The error a stream ended with, after any items.
+fn final_error(items: &[Result<GenerateOutput, Error>]) -> &Error {
+    match items.last() {
+        Some(Err(error)) => error,
+        other => panic!("the stream did not end with an error: {other:?}"),
+    }
+}
+
+#[test]
+fn a_panic_in_the_sampler_fails_its_request_and_the_others_go_on() {
+    let (engine, step_loop) = start(gpu(), EngineOptions::default());
+    let prompts = ["The capital of France is", "Water boils at a temperature of"];
+    let alone = output_ids(collect(engine.generate(request("alone", prompts[1], 12, false))));
+
+    let mut doomed = engine.generate(request("doomed", prompts[0], 200, true));
+    block_on(doomed.next()).unwrap().unwrap();
+    let survivor = engine.generate(request("survivor", prompts[1], 12, false));
+    engine.inject_fault(Fault::PanicWhileSampling("doomed".into()));
+    let doomed: Vec<_> = block_on(doomed.collect());
+    let error = final_error(&doomed).to_string();
+    assert!(error.contains("sampling panicked") && error.contains("fault injected"), "{error}");
+    assert_eq!(output_ids(collect(survivor)), alone, "the other request is not disturbed");
+
+    let metrics = idle_metrics(&engine);
+    assert_eq!(metrics.kv_blocks_used, 0, "{metrics:?}");
+    assert!(metrics.healthy && engine.health().is_ok());
+    drop(engine);
+    step_loop.join().expect("the step loop survives the panic");
+}
+
+#[test]
+fn a_panic_in_the_forward_pass_fails_that_step_and_the_engine_goes_on() {
+    let (engine, step_loop) = start(gpu(), EngineOptions::default());
+    let mut running = engine.generate(request("running", "Once upon a time,", 200, true));
+    block_on(running.next()).unwrap().unwrap();
+    engine.inject_fault(Fault::PanicInForwardPass);
+    let rest: Vec<_> = block_on(running.collect());
+    let error = final_error(&rest);
+    assert!(matches!(error, Error::StepFailed(_)), "{error}");
+    assert!(error.to_string().contains("panicked: fault injected"), "{error}");
+
+    // Later requests are served as if nothing happened.
+    let after = collect(engine.generate(request("after", "The capital of France is", 4, false)));
+    assert_eq!(output_ids(after).len(), 4);
+    let metrics = idle_metrics(&engine);
+    assert_eq!(metrics.kv_blocks_used, 0, "{metrics:?}");
+    assert!(metrics.healthy && engine.health().is_ok());
+    drop(engine);
+    step_loop.join().expect("the step loop survives the panic");
+}
+
+#[test]
+fn a_lost_device_fails_its_requests_and_the_model_loads_again_on_a_new_one() {
+    let ctx = gpu();
+    let (engine, step_loop) = start(ctx.clone(), EngineOptions::default());
+    let mut running = engine.generate(request("running", "Once upon a time,", 200, true));
+    block_on(running.next()).unwrap().unwrap();
+    ctx.device().destroy();
+    let rest: Vec<_> = block_on(running.collect());
+    let error = final_error(&rest);
+    assert!(matches!(error, Error::Unhealthy(_) | Error::StepFailed(_)), "{error}");
+
+    // Unhealthy from now on: said by health and the metrics, and new requests are refused.
+    let unhealthy = engine.health().unwrap_err();
+    assert!(matches!(unhealthy, Error::Unhealthy(_)), "{unhealthy}");
+    assert!(unhealthy.to_string().contains("load the model again"), "{unhealthy}");
+    let refused = collect(engine.generate(request("refused", "Hi", 2, false)));
+    assert!(matches!(&refused[..], [Err(Error::Unhealthy(_))]), "{refused:?}");
+    assert!(!idle_metrics(&engine).healthy);
+    drop(engine);
+    step_loop.join().expect("the step loop ends without a panic");
+
+    // Loaded again on a new device, the model serves.
+    let (engine, step_loop) = start(gpu(), EngineOptions::default());
+    let again = collect(engine.generate(request("again", "The capital of France is", 3, false)));
+    assert_eq!(output_ids(again).len(), 3);
+    assert!(engine.health().is_ok());
+    drop(engine);
+    step_loop.join().unwrap();
+}
+
+#[test]
+fn a_kv_cache_too_small_for_a_request_refuses_it_and_serves_what_fits() {
+    // Two blocks of 16 tokens.
+    let (engine, step_loop) = start(gpu(), EngineOptions { kv_cache_tokens: Some(32), ..Default::default() });
+    let too_big = collect(engine.generate(request("big", "The capital of France is", 40, false)));
+    let error = match &too_big[..] {
+        [Err(error)] => error.to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert!(error.contains("max_new_tokens") && error.contains("KV cache of 32 tokens"), "{error}");
+    let fits = collect(engine.generate(request("fits", "The capital of France is", 8, false)));
+    assert!(matches!(
+        fits[0].as_ref().unwrap().meta_info.finish_reason,
+        Some(FinishReason::Length { length: 8 })
+    ));
+    drop(engine);
+    step_loop.join().unwrap();
+}
