@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: set-up, formatting, lints, the wasm32 build of the core,
-# and every test on a real Vulkan device (lavapipe where there is no GPU).
+# every test on a real Vulkan device (lavapipe where there is no GPU), then a bounded fuzzing run
+# of each parser of untrusted input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,3 +20,6 @@ cargo build --quiet -p flint-core -p flint-web --target wasm32-unknown-unknown
 
 step "cargo test --workspace"
 cargo test --workspace
+
+step "fuzzing the parsers of untrusted input (scripts/fuzz.sh: ${FLINT_FUZZ_SECONDS:-45} s a target)"
+bash scripts/fuzz.sh

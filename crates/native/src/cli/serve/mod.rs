@@ -34,7 +34,7 @@ use serde_json::json;
 use super::generate::engine_options;
 use super::model::ModelArg;
 use api_error::ApiError;
-use openai::{Endpoint, OpenAiRequest, Plan, Responder, Usage};
+use openai::{Endpoint, Plan, Responder, Usage, parse_request};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -159,7 +159,7 @@ async fn generate(
             ApiError::invalid(rejection.body_text(), None).with_status(status)
         }
     })?;
-    let request: OpenAiRequest = parse_body(&body)?;
+    let request = parse_request(&body)?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completion => "cmpl",
@@ -175,24 +175,6 @@ async fn generate(
     };
     let answer = Answer { server, endpoint, id, created: unix_now(), plan };
     if answer.plan.stream { Ok(answer.stream(first, stream)) } else { answer.whole(first, stream).await }
-}
-
-/// Parses a JSON body; a malformed one is a 400 that says where.
-fn parse_body(body: &[u8]) -> Result<OpenAiRequest, ApiError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let request = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        let inner = error.into_inner();
-        if inner.is_syntax() || inner.is_eof() || path == "." {
-            ApiError::invalid(format!("the request body is not a valid request: {inner}"), None)
-        } else {
-            ApiError::invalid(format!("invalid '{path}': {inner}"), Some(&path))
-        }
-    })?;
-    deserializer.end().map_err(|e| {
-        ApiError::invalid(format!("the request body has more after its JSON object: {e}"), None)
-    })?;
-    Ok(request)
 }
 
 fn no_output() -> ApiError {

@@ -105,6 +105,44 @@ enum ContentPart {
     Text { text: String },
 }
 
+/// Parses a request body of either endpoint; a malformed one (not JSON, invalid UTF-8, a field
+/// of the wrong type, an unknown field) is a 400 that says where.
+pub fn parse_request(body: &[u8]) -> Result<OpenAiRequest, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let request = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." {
+            ApiError::invalid(format!("the request body is not a valid request: {inner}"), None)
+        } else {
+            ApiError::invalid(format!("invalid '{path}': {inner}"), Some(&path))
+        }
+    })?;
+    deserializer.end().map_err(|e| {
+        ApiError::invalid(format!("the request body has more after its JSON object: {e}"), None)
+    })?;
+    Ok(request)
+}
+
+/// What [`OpenAiRequest::plan`] needs of the served model: its chat prompts and its context.
+pub trait ServedModel {
+    /// A conversation as prompt tokens, through the model's chat template.
+    fn encode_chat(&self, messages: &[ChatMessage]) -> flint_native::Result<Vec<u32>>;
+
+    /// The most tokens one sequence may hold, prompt and generated together.
+    fn max_sequence_tokens(&self) -> usize;
+}
+
+impl ServedModel for LLM {
+    fn encode_chat(&self, messages: &[ChatMessage]) -> flint_native::Result<Vec<u32>> {
+        LLM::encode_chat(self, messages)
+    }
+
+    fn max_sequence_tokens(&self) -> usize {
+        LLM::max_sequence_tokens(self)
+    }
+}
+
 /// What a request asks for beyond the engine request: how to answer it.
 pub struct Plan {
     pub request: GenerateRequest,
@@ -118,7 +156,13 @@ pub struct Plan {
 impl OpenAiRequest {
     /// Checks the request against the endpoint and the served model, and makes it an engine
     /// request.
-    pub fn plan(self, endpoint: Endpoint, model_id: &str, llm: &LLM, rid: String) -> Result<Plan, ApiError> {
+    pub fn plan(
+        self,
+        endpoint: Endpoint,
+        model_id: &str,
+        served: &impl ServedModel,
+        rid: String,
+    ) -> Result<Plan, ApiError> {
         if let Some(model) = &self.model
             && model != model_id
         {
@@ -159,7 +203,7 @@ impl OpenAiRequest {
                     .messages
                     .as_deref()
                     .ok_or_else(|| ApiError::invalid("'messages' is required", Some("messages")))?;
-                let ids = llm.encode_chat(&chat_messages(messages)?)?;
+                let ids = served.encode_chat(&chat_messages(messages)?)?;
                 (None, Some(Prompts::One(ids)), 1)
             }
             Endpoint::Completion => {
@@ -189,7 +233,7 @@ impl OpenAiRequest {
             // OpenAI's defaults: 16 tokens for a completion; for a chat, as many as the context
             // has left (the engine ends the turn at the template's end-of-turn token first).
             (None, Some(Prompts::One(ids))) if endpoint == Endpoint::Chat => {
-                llm.max_sequence_tokens().saturating_sub(ids.len()).max(1)
+                served.max_sequence_tokens().saturating_sub(ids.len()).max(1)
             }
             (None, _) => 16,
         };
@@ -227,7 +271,8 @@ impl OpenAiRequest {
                 logprob_start_len: None,
                 rid: Some(rid),
             },
-            outputs: prompts * n,
+            // Saturating: `n` is checked by the engine, which refuses more than a few.
+            outputs: prompts.saturating_mul(n),
             n,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),

@@ -1,0 +1,18 @@
+//! `flint serve`'s request parser on arbitrary bodies, for both endpoints: a body is parsed
+//! and planned into an engine request, or refused with a 400 naming what is wrong, never a
+//! panic. A planned request's sampling parameters are then checked as the engine checks them.
+#![no_main]
+
+use flint_fuzz::openai::{Endpoint, parse_request};
+use flint_fuzz::vocabularies;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let vocabulary = &vocabularies()[0];
+    for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+        let Ok(request) = parse_request(data) else { return };
+        let model = vocabulary.model.file_name.trim_end_matches(".gguf");
+        let Ok(plan) = request.plan(endpoint, model, vocabulary, "fuzz".into()) else { continue };
+        let _ = plan.request.sampling.validate(vocabulary.tokenizer.vocab_size());
+    }
+});

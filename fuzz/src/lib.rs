@@ -1,0 +1,67 @@
+//! What the fuzz targets share: the two reference models' tokenizers and chat templates, read
+//! from their GGUF files' metadata (no GPU), and the server's request parser.
+//!
+//! The models are the ones `scripts/fetch-models.sh` fetches (`$FLINT_MODEL_DIR`, else
+//! `~/.cache/flint/models`); a missing one stops the target with a message saying so.
+
+use std::sync::LazyLock;
+
+use flint_core::chat::{ChatMessage, ChatTemplate};
+use flint_core::gguf::GgufFile;
+use flint_core::model::ModelConfig;
+use flint_core::tokenizer::Tokenizer;
+use flint_e2e::{MODELS, ReferenceModel};
+
+// The request parser of `flint serve`, compiled from the server's own sources (the binary's
+// modules are in no library). `openai.rs` finds `api_error` beside it, as in the server. Only
+// the parsing half is used here.
+#[allow(dead_code)]
+#[path = "../../crates/native/src/cli/serve/api_error.rs"]
+mod api_error;
+/// `flint serve`'s request types and parser (`crates/native/src/cli/serve/openai.rs`).
+#[allow(dead_code)]
+#[path = "../../crates/native/src/cli/serve/openai.rs"]
+pub mod openai;
+
+/// A reference model's vocabulary and chat template.
+pub struct Vocabulary {
+    /// Which model.
+    pub model: ReferenceModel,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Its chat template (gemma3 270M, a base model, has none).
+    pub template: Option<ChatTemplate>,
+    /// Its context, in tokens.
+    pub context_tokens: usize,
+}
+
+/// SmolLM2 (byte-level BPE, ChatML template) and gemma3 (SentencePiece), in the order of
+/// [`MODELS`].
+pub fn vocabularies() -> &'static [Vocabulary] {
+    static VOCABULARIES: LazyLock<Vec<Vocabulary>> =
+        LazyLock::new(|| MODELS.iter().map(|&m| load(m)).collect());
+    &VOCABULARIES
+}
+
+fn load(model: ReferenceModel) -> Vocabulary {
+    let file = GgufFile::open(model.path()).unwrap_or_else(|e| panic!("{}: {e}", model.file_name));
+    let tokenizer = Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("{}: {e}", model.file_name));
+    let template =
+        ChatTemplate::from_gguf(&file, &tokenizer).unwrap_or_else(|e| panic!("{}: {e}", model.file_name));
+    let context_tokens =
+        ModelConfig::from_gguf(&file).unwrap_or_else(|e| panic!("{}: {e}", model.file_name)).context_length;
+    Vocabulary { model, tokenizer, template, context_tokens }
+}
+
+impl openai::ServedModel for Vocabulary {
+    fn encode_chat(&self, messages: &[ChatMessage]) -> flint_native::Result<Vec<u32>> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            flint_native::Error::ChatTemplate(format!("{} has no chat template", self.model.file_name))
+        })?;
+        Ok(template.encode(&self.tokenizer, messages)?)
+    }
+
+    fn max_sequence_tokens(&self) -> usize {
+        self.context_tokens
+    }
+}
