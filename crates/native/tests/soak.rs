@@ -18,7 +18,7 @@ const CLIENTS: usize = 32;
 /// How long the clients keep starting requests.
 const SOAK: Duration = Duration::from_secs(60);
 /// How much the server's resident memory may grow from the end of the warm-up to the end.
-const RSS_GROWTH_BOUND_BYTES: u64 = 128 << 20;
+const RSS_GROWTH_BOUND_BYTES: u64 = 64 << 20;
 
 struct Server {
     child: Child,
