@@ -390,6 +390,11 @@ fn invalid_requests_fail_before_anything_is_queued() {
     assert!(failure(request("hi", bad_top_p, false)).contains("top_p"));
     let too_long = SamplingParams { max_new_tokens: 1_000_000, ..Default::default() };
     assert!(failure(request("hi", too_long, false)).contains("max_new_tokens"));
+    // The largest values a JSON client can send are errors, not overflows.
+    let most = SamplingParams { max_new_tokens: usize::MAX, ..Default::default() };
+    assert!(failure(request("hi", most, false)).contains("max_new_tokens"));
+    let samples = SamplingParams { n: usize::MAX, ..Default::default() };
+    assert!(failure(request("hi", samples, false)).contains("'n'"));
     let out_of_vocab =
         GenerateRequest { input_ids: Some(Prompts::One(vec![1, 10_000_000])), ..Default::default() };
     assert!(failure(out_of_vocab).contains("10000000"));

@@ -9,6 +9,10 @@ use flint_e2e::{SMOLLM2, model_dir};
 
 /// `flint` with the model cache pointing at the test models' folder, and `stdin` piped in.
 fn flint(args: &[&str], stdin: &str) -> Output {
+    flint_bytes(args, stdin.as_bytes())
+}
+
+fn flint_bytes(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
         .args(args)
         .env("FLINT_MODEL_DIR", model_dir())
@@ -17,7 +21,7 @@ fn flint(args: &[&str], stdin: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
     child.wait_with_output().unwrap()
 }
 
@@ -66,6 +70,21 @@ fn chat_keeps_the_conversation_and_reuses_its_kv_blocks() {
         stderr.contains("(new conversation)") && stderr.contains("unknown command /nonsense"),
         "{stderr}"
     );
+}
+
+#[test]
+fn invalid_utf8_on_standard_input_is_a_one_line_error() {
+    let run = flint_bytes(&["run", "--quiet"], b"hello \xc3\x28 world");
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("not valid UTF-8 (first bad byte at offset 6)"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+
+    let chat = flint_bytes(&["chat", "--quiet", "--max-tokens", "2"], b"Hi!\n\xff\xfe\n");
+    assert_eq!(chat.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&chat.stderr);
+    assert!(stderr.contains("line 2 of standard input is not valid UTF-8"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]

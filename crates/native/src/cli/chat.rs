@@ -34,12 +34,18 @@ pub fn chat(args: &ChatArgs, quiet: bool) -> anyhow::Result<()> {
     let mut messages = opening.clone();
     let mut stdin = std::io::stdin().lock();
     let mut line = String::new();
-    loop {
+    for line_number in 1.. {
         if interactive {
             eprint!("> ");
         }
         line.clear();
-        if stdin.read_line(&mut line)? == 0 {
+        let read = stdin.read_line(&mut line).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                anyhow::anyhow!("line {line_number} of standard input is not valid UTF-8")
+            }
+            _ => e.into(),
+        })?;
+        if read == 0 {
             break;
         }
         let message = line.trim();
