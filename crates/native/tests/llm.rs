@@ -1,5 +1,5 @@
 //! The blocking facade with the real SmolLM2 model on the GPU: shared by many threads, streams
-//! dropped early, errors from the engine, a panic on the engine thread, shutdown.
+//! dropped early, errors from the engine, a panic on the engine thread, a lost GPU, shutdown.
 //!
 //! Each test loads its own `LLM` (they must not see each other's requests in the metrics), with
 //! a small KV cache, and generates a few tokens only: lavapipe decodes about 10 tokens/s.
@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flint_core::Error as CoreError;
+use flint_core::engine::Fault;
 use flint_e2e::SMOLLM2;
 use flint_native::{
     EngineMetrics, EngineOptions, Error, FinishReason, GenerateOutput, GenerateRequest, LLM, LoadOptions,
@@ -208,6 +210,29 @@ fn a_panic_on_the_engine_thread_fails_every_waiting_caller() {
     assert!(matches!(llm.generate(request("x", 1)), Err(Error::EnginePanicked { .. })));
     assert!(matches!(llm.metrics(), Err(Error::EnginePanicked { .. })));
     llm.shutdown();
+}
+
+#[test]
+fn a_lost_gpu_makes_the_llm_unhealthy_until_the_model_is_loaded_again() {
+    let llm = load(small_engine());
+    let mut long = request(PROMPTS[2], 200);
+    long.sampling.ignore_eos = true;
+    let mut stream = llm.generate_stream(long);
+    stream.next().unwrap().unwrap();
+    llm.run(|engine| async move { engine.inject_fault(Fault::DestroyDevice) }).unwrap();
+    // The request in flight ends with an error, never a hang.
+    let rest: Vec<_> = stream.collect();
+    assert!(matches!(rest.last(), Some(Err(Error::Core(_)))), "{rest:?}");
+    let unhealthy = llm.health().unwrap_err();
+    assert!(matches!(unhealthy, Error::Core(CoreError::Unhealthy(_))), "{unhealthy}");
+    assert!(!llm.metrics().unwrap().healthy);
+    let refused = llm.generate(request("x", 1)).unwrap_err();
+    assert!(refused.to_string().contains("load the model again"), "{refused}");
+    llm.shutdown();
+
+    let reloaded = load(small_engine());
+    assert!(reloaded.health().is_ok());
+    assert_eq!(reloaded.generate(request(PROMPTS[0], 2)).unwrap().meta_info.completion_tokens, 2);
 }
 
 #[test]
