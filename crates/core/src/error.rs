@@ -108,3 +108,13 @@ pub enum Error {
 
 /// Result with flint-core's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The text of a caught panic's payload (`panic!` gives a `&str` or a `String`), for the error
+/// that reports it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}

@@ -23,6 +23,7 @@ use std::thread::{JoinHandle, ThreadId};
 use async_channel::{Receiver, Sender};
 use flint_core::chat::{ChatMessage, ChatTemplate};
 use flint_core::engine::{Engine, EngineMetrics, EngineOptions, GenerateOutput, GenerateRequest, StepLoop};
+use flint_core::error::panic_message;
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::model::ModelConfig;
@@ -534,13 +535,4 @@ fn load_engine(path: &Path, options: LoadOptions) -> Result<(Loaded, StepLoop)> 
     };
     report(LoadStage::Ready);
     Ok((Loaded { engine, chat_template, max_sequence_tokens }, step_loop))
-}
-
-/// The text of a panic's payload (`panic!` gives a `&str` or a `String`).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }

@@ -68,6 +68,7 @@ pub use request::{
     FinishReason, GenerateOutput, GenerateRequest, Logprobs, MetaInfo, Prompts, StopMatch, TokenLogprob,
 };
 
+use crate::error::panic_message;
 use crate::gguf::GgufFile;
 use crate::gpu::{GpuContext, Tensor};
 use crate::kernels::sample::{CandidateDepth, RowCandidates, top_candidates};
@@ -854,15 +855,6 @@ fn sample_guarded(draw: impl FnOnce() -> Result<()>) -> Result<()> {
     std::panic::catch_unwind(AssertUnwindSafe(draw)).unwrap_or_else(|payload| {
         Err(Error::StepFailed(format!("sampling panicked: {}", panic_message(&*payload))))
     })
-}
-
-/// The text of a panic's payload (`panic!` gives a `&str` or a `String`).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Row `row` of `logits` `[rows, vocab]`, read back alone.
