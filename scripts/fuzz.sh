@@ -24,8 +24,8 @@ if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${FLINT_FUZZ_SECONDS:-45}}"
 
 if ! command -v cargo-fuzz >/dev/null; then
-  echo "fuzz: installing cargo-fuzz from crates.io" >&2
-  cargo install cargo-fuzz --locked --quiet
+  echo "fuzz: cargo-fuzz is missing; scripts/setup.sh installs it (cargo install cargo-fuzz --locked)" >&2
+  exit 1
 fi
 
 export RUSTUP_TOOLCHAIN="${RUSTUP_TOOLCHAIN:-stable}" RUSTC_BOOTSTRAP=1
