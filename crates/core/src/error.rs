@@ -96,6 +96,10 @@ pub enum Error {
     /// the request ends with this error while the engine goes on with the others.
     #[error("the engine step running this request failed: {0}")]
     StepFailed(String),
+    /// A request's structured-output constraint failed while generating: its grammar allows no
+    /// token that can be drawn. The request ends with this error.
+    #[error("the output's grammar cannot go on: {0}")]
+    Constraint(String),
     /// The engine's step loop is not running (it was never started, or it ended), so the
     /// request cannot be served.
     #[error("the engine is not running: {0}")]
