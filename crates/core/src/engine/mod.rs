@@ -577,6 +577,11 @@ impl StepLoop {
     /// likely tokens and only those are read back; a row whose candidates do not decide its
     /// draw is read back alone. Otherwise (prompt log-probabilities, logprobs, penalties,
     /// sampling from every token) the whole logits are read back.
+    ///
+    /// A sequence under a structured-output constraint computes the tokens its grammar allows
+    /// while the GPU runs the pass, and draws among those only: from its candidates when one of
+    /// them is allowed (the draw is then the same as from the masked row), else from its row.
+    /// Unconstrained sequences in the batch draw exactly as they would without it.
     async fn run_planned(&mut self, planned: &[Planned]) -> Result<usize> {
         let vocab = self.model.config().vocab_size;
         let running = &self.scheduler.running;
