@@ -8,51 +8,27 @@
 //! submitted together so that the engine batches them (decoding on lavapipe is slow one
 //! stream at a time).
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::thread::JoinHandle;
+mod running;
 
 use flint_core::engine::{
     Engine, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, GenerationStream, Prompts,
     StopMatch,
 };
-use flint_core::gguf::GgufFile;
-use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::sample::SamplingParams;
-use flint_e2e::SMOLLM2;
 use futures::StreamExt;
+use running::Running;
 use serde_json::{Value, json};
 
-fn gpu() -> Arc<GpuContext> {
-    static GPU: OnceLock<Arc<GpuContext>> = OnceLock::new();
-    GPU.get_or_init(|| {
-        pollster::block_on(GpuContext::new(&GpuOptions::from_env()))
-            .unwrap_or_else(|e| panic!("GPU tests need an adapter (they never skip): {e}"))
-    })
-    .clone()
+/// An engine without the prefix cache (the free requests' tokens are compared with and without
+/// neighbours, so nothing else may differ).
+fn start() -> Running {
+    Running::start(EngineOptions { prefix_cache: false, ..Default::default() })
 }
 
-/// An engine whose step loop runs on its own thread; one at a time (they share the GPU).
-struct Running {
-    engine: Engine,
-    step_loop: JoinHandle<()>,
-    _turn: MutexGuard<'static, ()>,
-}
-
-impl Running {
-    fn start() -> Self {
-        static TURN: Mutex<()> = Mutex::new(());
-        let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let file = GgufFile::open(SMOLLM2.path()).unwrap();
-        let options = EngineOptions { prefix_cache: false, ..Default::default() };
-        let (engine, step_loop) = Engine::load(gpu(), &file, options).unwrap();
-        let step_loop = std::thread::spawn(move || futures::executor::block_on(step_loop.run()));
-        Running { engine, step_loop, _turn: turn }
-    }
-
-    fn finish(self) {
-        drop(self.engine);
-        self.step_loop.join().expect("the step loop panicked");
-    }
+/// Every KV block is free again once the batch is done.
+fn finish(running: Running) {
+    assert_eq!(running.idle_metrics().kv_blocks_used, 0);
+    running.finish();
 }
 
 /// The chat prompt of `question` (the instruct model answers better inside its template).
@@ -169,7 +145,7 @@ fn json_schema_output_always_parses_and_validates() {
             }),
         ),
     ];
-    let running = Running::start();
+    let running = start();
     let engine = &running.engine;
     let mut requests = Vec::new();
     let mut expected = Vec::new();
@@ -201,7 +177,7 @@ fn json_schema_output_always_parses_and_validates() {
     let greedy_colors = &outputs[4]; // the second schema's first draw
 
     assert_eq!(outputs.last().map(|o| &o.output_ids), Some(&greedy_colors.output_ids));
-    running.finish();
+    finish(running);
 }
 
 #[test]
@@ -210,7 +186,7 @@ fn regex_output_always_matches() {
         ("What is today's date?", r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"),
         ("Give me an e-mail address for Alice.", r"[a-z]{1,12}(\.[a-z]{1,8})?@[a-z]{2,10}\.(com|org|net)"),
     ];
-    let running = Running::start();
+    let running = start();
     let engine = &running.engine;
     let mut requests = Vec::new();
     let mut expected = Vec::new();
@@ -225,7 +201,7 @@ fn regex_output_always_matches() {
         assert_stopped(output, what);
         assert!(pattern.is_match(&output.text), "{what}: {:?} does not match {pattern}", output.text);
     }
-    running.finish();
+    finish(running);
 }
 
 #[test]
@@ -234,7 +210,7 @@ fn a_grammar_of_a_few_words_produces_only_those_words() {
 start: color (", " color){0,3}
 color: "red" | "green" | "blue"
 "#;
-    let running = Running::start();
+    let running = start();
     let engine = &running.engine;
     let question = "Tell me a story about a dragon.";
     let requests = draws(24)
@@ -250,12 +226,12 @@ color: "red" | "green" | "blue"
         );
         assert_stopped(&output, &output.text);
     }
-    running.finish();
+    finish(running);
 }
 
 #[test]
 fn free_requests_batched_with_constrained_ones_get_the_tokens_they_get_alone() {
-    let running = Running::start();
+    let running = start();
     let engine = &running.engine;
     let free_prompts =
         ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):"];
@@ -294,12 +270,12 @@ fn free_requests_batched_with_constrained_ones_get_the_tokens_they_get_alone() {
         assert!(answer["answer"] == "yes" || answer["answer"] == "no", "{answer}");
         assert!(chunk[1].text.chars().all(|c| c.is_ascii_digit() || c == ' '), "{:?}", chunk[1].text);
     }
-    running.finish();
+    finish(running);
 }
 
 #[test]
 fn bad_constraints_are_refused_and_a_dead_end_ends_with_an_error() {
-    let running = Running::start();
+    let running = start();
     let engine = &running.engine;
     let refused = [
         (SamplingParams { regex: Some("[0-9".into()), ..Default::default() }, "regex"),
@@ -348,5 +324,5 @@ fn bad_constraints_are_refused_and_a_dead_end_ends_with_an_error() {
     let after =
         only(engine.generate(request("Hi", SamplingParams { max_new_tokens: 2, ..Default::default() })));
     assert_eq!(after.output_ids.len(), 2);
-    running.finish();
+    finish(running);
 }
