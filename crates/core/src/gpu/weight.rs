@@ -63,9 +63,10 @@ fn repacked_scale_offset(quant: QuantType) -> Option<usize> {
 const DECODE_WEIGHTS: usize = 8;
 
 impl QuantMatrix {
-    /// The WGSL parts that give a kernel `decode8()` for `quant` weights in this module's layout:
-    /// the shared interface, then the type's decoder (with the K-quant scale helpers before the
-    /// Q4_K and Q5_K decoders). A kernel appends its own family file after them.
+    /// The WGSL parts that give a kernel `decode8()` and `load32()` for `quant` weights in this
+    /// module's layout: the shared interface, then the type's decoder (with the K-quant scale
+    /// helpers before the Q4_K and Q5_K decoders, and block32.wgsl after the decoders without a
+    /// load32 of their own). A kernel appends its own family file after them.
     pub(crate) fn decoder_parts(quant: QuantType) -> Vec<&'static str> {
         const COMMON: &str = include_str!("../../../../shaders/quant/common.wgsl");
         const K_SCALES: &str = include_str!("../../../../shaders/quant/k_scales.wgsl");
@@ -82,10 +83,16 @@ impl QuantMatrix {
             QuantType::Q5K => include_str!("../../../../shaders/quant/q5_k.wgsl"),
             QuantType::Q6K => include_str!("../../../../shaders/quant/q6_k.wgsl"),
         };
-        match quant {
+        const BLOCK32: &str = include_str!("../../../../shaders/quant/block32.wgsl");
+        let mut parts = match quant {
             QuantType::Q4K | QuantType::Q5K => vec![COMMON, K_SCALES, decoder],
             _ => vec![COMMON, decoder],
+        };
+        // The decoders that read a block's words once for 32 weights define load32 themselves.
+        if !matches!(quant, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q4K) {
+            parts.push(BLOCK32);
         }
+        parts
     }
 
     /// Uploads a weight from its GGUF bytes (`rows` rows of `quant.row_bytes(cols)` bytes),

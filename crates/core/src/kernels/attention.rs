@@ -250,10 +250,10 @@ pub fn decode(
     options: &AttentionOptions,
     out: &Tensor,
 ) -> Result<()> {
-    decode_as(ctx, encoder, q, cache, batch, options, out, DecodeVariant::choose(ctx))
+    decode_as(ctx, encoder, q, cache, batch, options, out, None)
 }
 
-/// [`decode`] in the given variant.
+/// [`decode`] in the given variant, or the device's own when `None`.
 #[allow(clippy::too_many_arguments)]
 fn decode_as(
     ctx: &GpuContext,
@@ -263,7 +263,7 @@ fn decode_as(
     batch: &DecodeBatch<'_>,
     options: &AttentionOptions,
     out: &Tensor,
-    variant: DecodeVariant,
+    variant: Option<DecodeVariant>,
 ) -> Result<()> {
     const KERNEL: &str = "attention_decode";
     let geometry = CacheGeometry::of(KERNEL, cache)?;
@@ -278,13 +278,20 @@ fn decode_as(
         return Ok(());
     }
     let params = ctx.uniform(&params);
+    let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
+    let variant = variant.unwrap_or_else(|| {
+        DecodeVariant::choose(ctx, n_seqs * n_heads / group_heads, group_heads, geometry.head_dim)
+    });
     let (source, workgroups) = match variant {
         DecodeVariant::Workgroups => {
-            let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
             (decode_source(geometry.head_dim, group_heads), n_seqs * n_heads / group_heads)
         }
-        DecodeVariant::Serial => {
-            (decode_serial_source(geometry.head_dim), (n_seqs * n_heads).div_ceil(DECODE_SERIAL_WG as usize))
+        DecodeVariant::Serial { group_heads } => {
+            let invocations = n_seqs * n_heads / group_heads;
+            (
+                decode_serial_source(geometry.head_dim, group_heads),
+                invocations.div_ceil(DECODE_SERIAL_WG as usize),
+            )
         }
     };
     ctx.dispatch(
@@ -439,28 +446,43 @@ enum DecodeVariant {
     /// A workgroup per (sequence, kv head, chunk of query heads), keys in tiles shared through
     /// workgroup memory: GPUs.
     Workgroups,
-    /// An invocation per (sequence, query head), alone over its keys: CPU devices, where
-    /// invocations are SIMD lanes of one thread and every barrier and every loop of every lane
-    /// over a tile's scores in workgroup memory costs (at 16 sequences on lavapipe the
-    /// workgroup form took 86 ms a step for SmolLM2's 30 layers).
-    Serial,
+    /// An invocation per (sequence, kv head, chunk of `group_heads` query heads), alone over its
+    /// keys: CPU devices, where invocations are SIMD lanes of one thread and every barrier and
+    /// every loop of every lane over a tile's scores in workgroup memory costs (at 16 sequences
+    /// on lavapipe the workgroup form took 86 ms a step for SmolLM2's 30 layers, one invocation
+    /// per head 35 ms).
+    Serial { group_heads: usize },
 }
 
 impl DecodeVariant {
-    fn choose(ctx: &GpuContext) -> Self {
-        if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
-            DecodeVariant::Serial
-        } else {
-            DecodeVariant::Workgroups
+    /// The variant for this device, given the (sequence, kv head, chunk) groups of a step and
+    /// the query heads of a chunk.
+    fn choose(ctx: &GpuContext, chunks: usize, group_heads: usize, head_dim: usize) -> Self {
+        if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
+            return DecodeVariant::Workgroups;
+        }
+        // A chunk per invocation loads each key and value once for its heads but makes fewer
+        // invocations: only while they still fill a few workgroups for the device's threads,
+        // and while its queries and sums stay small (4 heads of 256 took LLVM a minute to
+        // compile, and spill).
+        let enough = chunks >= 4 * DECODE_SERIAL_WG as usize;
+        DecodeVariant::Serial {
+            group_heads: if enough { serial_group_heads(group_heads, head_dim) } else { 1 },
         }
     }
 }
 
-fn decode_serial_source(head_dim: usize) -> KernelSource {
+/// Query heads per invocation of the serial variant: the chunk, when its heads hold at most
+/// 256 query values together.
+fn serial_group_heads(group_heads: usize, head_dim: usize) -> usize {
+    if group_heads * head_dim <= 256 { group_heads } else { 1 }
+}
+
+fn decode_serial_source(head_dim: usize, group_heads: usize) -> KernelSource {
     KernelSource::new("attention_decode", &[COMMON, DECODE])
         .define("HEAD_DIM", format!("{head_dim}u"))
         .define("WG", format!("{DECODE_SERIAL_WG}u"))
-        .define("GROUP_HEADS", "1u")
+        .define("GROUP_HEADS", format!("{group_heads}u"))
         .define("SERIAL", true)
 }
 
@@ -688,7 +710,7 @@ mod tests {
             out.fill_bits(ctx, POISON);
             let mut encoder = ctx.encoder("test");
             let cache = KvCacheLayer { k: &k, v: &v };
-            decode_as(ctx, &mut encoder, &q_gpu, &cache, &batch, &options, &out, variant).unwrap();
+            decode_as(ctx, &mut encoder, &q_gpu, &cache, &batch, &options, &out, Some(variant)).unwrap();
             ctx.submit(encoder).unwrap();
             pollster::block_on(out.to_f32(ctx)).unwrap()
         };
@@ -705,7 +727,13 @@ mod tests {
                 }
             }
         }
-        for variant in [DecodeVariant::Workgroups, DecodeVariant::Serial] {
+        let chunked = serial_group_heads(decode_group_heads(group), heads.head_dim);
+        let variants = [
+            DecodeVariant::Workgroups,
+            DecodeVariant::Serial { group_heads: 1 },
+            DecodeVariant::Serial { group_heads: chunked },
+        ];
+        for variant in variants {
             assert_close(&format!("{name} {variant:?}"), &run(variant), &expected, ATTENTION_TOLERANCE);
         }
     }
@@ -971,8 +999,10 @@ mod tests {
         validate_wgsl(&KernelSource::new("kv_store", &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u")));
         for head_dim in (4..=MAX_HEAD_DIM).step_by(4) {
             let decode_variants = (1..=DECODE_MAX_GROUP_HEADS).map(|heads| decode_source(head_dim, heads));
-            let serial = decode_serial_source(head_dim);
-            for source in decode_variants.chain([serial, prefill_source(head_dim)]) {
+            let serial = (1..=DECODE_MAX_GROUP_HEADS)
+                .filter(|&heads| serial_group_heads(heads, head_dim) == heads)
+                .map(|heads| decode_serial_source(head_dim, heads));
+            for source in decode_variants.chain(serial).chain([prefill_source(head_dim)]) {
                 validate_wgsl(&source);
                 let bytes = workgroup_bytes(&source);
                 assert!(bytes <= WORKGROUP_BYTES, "{} {:?}: {bytes} bytes", source.entry, source.defines);

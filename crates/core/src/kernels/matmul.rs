@@ -135,6 +135,7 @@ impl Variant {
             .define("SUBGROUP_REDUCE", self.reduce == Reduce::Subgroup)
             .define("SHARED_REDUCE", self.reduce == Reduce::Shared)
             .define("X_BROADCAST", self.x_broadcast)
+            .define("WIDE", self.threads_per_row == 1)
     }
 }
 
