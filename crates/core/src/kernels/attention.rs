@@ -39,17 +39,20 @@
 use crate::Result;
 use crate::gpu::{GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
+use crate::kernels::rope::Rope;
 
 const COMMON: &str = include_str!("../../../../shaders/attention.wgsl");
 const DECODE: &str = include_str!("../../../../shaders/attention_decode.wgsl");
 const PREFILL: &str = include_str!("../../../../shaders/attention_prefill.wgsl");
 const KV_STORE: &str = include_str!("../../../../shaders/kv_store.wgsl");
+const ROPE_KV: &str = include_str!("../../../../shaders/rope_kv.wgsl");
 
 /// The largest head size the kernels take: decode spreads a head over its 64 invocations, one
 /// vec4 each, and prefill's K/V tiles must fit 16 KiB of workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
 
 const KV_STORE_WG: u32 = 256;
+const ROPE_KV_WG: u32 = 64;
 const DECODE_WG: u32 = 64;
 /// One SIMD group of lavapipe (8 f32 lanes of 256 bits), so that a batch of a few sequences
 /// still spreads over the device's threads.
@@ -235,6 +238,90 @@ pub fn store_kv(
             cache.v.binding(),
         ],
         ctx.grid((n_tokens as u32 * row_vec4s).div_ceil(KV_STORE_WG)),
+    )
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeKvParams {
+    n_tokens: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    n_slots: u32,
+}
+
+/// Records, in one pass, what [`rope`](crate::kernels::rope::rope) of `q`, `rope` of `k` and
+/// [`store_kv`] of the rotated keys and `v` do in three: q (`[n_tokens, q_heads * head_dim]`)
+/// is rotated in place; k and v (`[n_tokens, n_kv_heads * head_dim]`) are left as they are,
+/// the rotated keys and the values written to the tokens' `slots` in the cache. `positions`
+/// and `slots` hold one u32 per token; a slot past the cache stores nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_and_store_kv(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    rope: &Rope,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    positions: &Tensor,
+    cache: &KvCacheLayer<'_>,
+    slots: &Tensor,
+) -> Result<()> {
+    const KERNEL: &str = "rope_kv";
+    let geometry = CacheGeometry::of(KERNEL, cache)?;
+    let head_dim = geometry.head_dim;
+    let n_tokens = slots.len();
+    let row = geometry.n_kv_heads * head_dim;
+    ensure(KERNEL, rope.head_dim() == head_dim, || {
+        format!("the rope rotates heads of {} and the cache holds heads of {head_dim}", rope.head_dim())
+    })?;
+    ensure(
+        KERNEL,
+        positions.len() == n_tokens
+            && k.len() == n_tokens * row
+            && v.len() == n_tokens * row
+            && q.len().is_multiple_of(head_dim)
+            && q.len() / head_dim % n_tokens.max(1) == 0,
+        || {
+            format!(
+                "{n_tokens} slots and {} positions, q of {} elements, k of {} and v of {}: there must be \
+                 one position per slot, q [tokens, heads * {head_dim}] and k and v [tokens, {row}]",
+                positions.len(),
+                q.len(),
+                k.len(),
+                v.len()
+            )
+        },
+    )?;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let q_heads = q.len() / head_dim / n_tokens;
+    let items = n_tokens as u64 * (q_heads + geometry.n_kv_heads) as u64 * (head_dim / 2) as u64;
+    ensure(KERNEL, items < u64::from(u32::MAX), || {
+        format!("{items} work items are too many for one dispatch")
+    })?;
+    let params = ctx.uniform(&RopeKvParams {
+        n_tokens: n_tokens as u32,
+        q_heads: q_heads as u32,
+        kv_heads: geometry.n_kv_heads as u32,
+        n_slots: geometry.slots() as u32,
+    });
+    ctx.dispatch(
+        encoder,
+        &rope.kernel(KERNEL, ROPE_KV).define("WG_SIZE", format!("{ROPE_KV_WG}u")),
+        &[
+            params.as_entire_binding(),
+            rope.turns().binding(),
+            positions.binding(),
+            slots.binding(),
+            q.binding(),
+            k.binding(),
+            v.binding(),
+            cache.k.binding(),
+            cache.v.binding(),
+        ],
+        ctx.grid((items as u32).div_ceil(ROPE_KV_WG)),
     )
 }
 
@@ -940,6 +1027,74 @@ mod tests {
             None,
             TokenOrder::Grouped,
         );
+    }
+
+    /// The fused pass gives bit for bit what rope, rope and store_kv give, for both layouts,
+    /// whole and partial rotation, padding slots included.
+    #[test]
+    fn rope_and_store_kv_equals_its_three_passes() {
+        use crate::kernels::rope::{RopeConfig, RopeLayout, rope};
+        let ctx = gpu();
+        let mut rng = Rng::new("rope_kv");
+        let (num_blocks, block_size, n_kv_heads, q_heads) = (3, 16, 3, 7);
+        for (layout, head_dim, rotated_dims) in [
+            (RopeLayout::Interleaved, 64, 64),
+            (RopeLayout::NeoX, 80, 80),
+            (RopeLayout::NeoX, 80, 32),
+            (RopeLayout::Interleaved, 12, 8),
+        ] {
+            let rotary = Rope::new(
+                ctx,
+                &RopeConfig {
+                    head_dim,
+                    rotated_dims,
+                    base: 10000.0,
+                    freq_scale: 1.0,
+                    layout,
+                    freq_factors: None,
+                },
+            )
+            .unwrap();
+            let row = n_kv_heads * head_dim;
+            let n_slots = num_blocks * block_size;
+            let mut slots: Vec<u32> = (0..n_slots as u32).rev().step_by(3).collect();
+            slots.insert(2, u32::MAX);
+            let n_tokens = slots.len();
+            let positions: Vec<u32> = (0..n_tokens as u32).map(|t| 3 * t + 1000).collect();
+            let q = rng.f32s(n_tokens * q_heads * head_dim, -1.0, 1.0);
+            let k = rng.f32s(n_tokens * row, -1.0, 1.0);
+            let v = rng.f32s(n_tokens * row, -1.0, 1.0);
+            let before = rng.f32s(n_slots * row, -1.0, 1.0);
+            let shape = [num_blocks, block_size, n_kv_heads, head_dim];
+            let run = |fused: bool| {
+                let q = Tensor::from_slice(ctx, "q", &[n_tokens, q_heads * head_dim], &q).unwrap();
+                let k = Tensor::from_slice(ctx, "k", &[n_tokens, row], &k).unwrap();
+                let v = Tensor::from_slice(ctx, "v", &[n_tokens, row], &v).unwrap();
+                let positions = Tensor::from_slice(ctx, "positions", &[n_tokens], &positions).unwrap();
+                let slots = Tensor::from_slice(ctx, "slots", &[n_tokens], &slots).unwrap();
+                let k_cache = Tensor::from_slice(ctx, "k_cache", &shape, &before).unwrap();
+                let v_cache = Tensor::from_slice(ctx, "v_cache", &shape, &before).unwrap();
+                let cache = KvCacheLayer { k: &k_cache, v: &v_cache };
+                let mut encoder = ctx.encoder("test");
+                if fused {
+                    rope_and_store_kv(ctx, &mut encoder, &rotary, &q, &k, &v, &positions, &cache, &slots)
+                        .unwrap();
+                } else {
+                    rope(ctx, &mut encoder, &rotary, &q, &positions).unwrap();
+                    rope(ctx, &mut encoder, &rotary, &k, &positions).unwrap();
+                    store_kv(ctx, &mut encoder, &cache, &k, &v, &slots).unwrap();
+                }
+                ctx.submit(encoder).unwrap();
+                let read = |t: &Tensor| pollster::block_on(t.to_f32(ctx)).unwrap();
+                (read(&q), read(&k_cache), read(&v_cache))
+            };
+            let (fused, separate) = (run(true), run(false));
+            let what = format!("{layout:?}, {rotated_dims} of {head_dim} dims rotated");
+            assert_ne!(separate.0, q, "{what}: the rotation changes q");
+            assert_eq!(fused.0, separate.0, "{what}: q");
+            assert_eq!(fused.1, separate.1, "{what}: K cache");
+            assert_eq!(fused.2, separate.2, "{what}: V cache");
+        }
     }
 
     #[test]
