@@ -30,17 +30,23 @@ def default_model() -> Path:
     return Path(cache) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def next_token(llm: Llama) -> int:
+    """Greedy choice from the logits of the last token evaluated (llama.cpp computes no others)."""
+    logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+    return int(np.argmax(logits))
+
+
 def llama_cpp_run(llm: Llama, prompt: list[int], gen_tokens: int) -> dict:
     """One prefill and greedy decode; the same work `flint bench` times."""
     llm.reset()
     started = time.perf_counter()
     llm.eval(prompt)
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    token = next_token(llm)
     prefill_s = time.perf_counter() - started
     decode_started = time.perf_counter()
     for _ in range(gen_tokens - 1):
         llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = next_token(llm)
     decode_s = time.perf_counter() - decode_started
     return {
         "prefill_tokens_per_s": len(prompt) / prefill_s,

@@ -281,7 +281,7 @@ pub fn rope_and_store_kv(
             && k.len() == n_tokens * row
             && v.len() == n_tokens * row
             && q.len().is_multiple_of(head_dim)
-            && q.len() / head_dim % n_tokens.max(1) == 0,
+            && (q.len() / head_dim).is_multiple_of(n_tokens.max(1)),
         || {
             format!(
                 "{n_tokens} slots and {} positions, q of {} elements, k of {} and v of {}: there must be \
