@@ -17,9 +17,10 @@
 // Bounds: HEAD_DIM a multiple of 4 and at most 4 * WG.
 //
 // SERIAL (for CPU devices such as lavapipe, where invocations are SIMD lanes of one thread and
-// barriers and workgroup memory are costly): one invocation per (sequence, query head), linear
-// index wg.x + wg.y * num_workgroups.x times WG plus the lane, walks the sequence's keys alone
-// with its own online softmax; no workgroup memory, no barrier. GROUP_HEADS is unused.
+// barriers and workgroup memory are costly): one invocation per (sequence, kv head, chunk of
+// GROUP_HEADS query heads), linear index wg.x + wg.y * num_workgroups.x times WG plus the lane,
+// walks the sequence's keys alone, loading each key and value once for the chunk's heads, each
+// head with its own online softmax; no workgroup memory, no barrier.
 
 @group(0) @binding(0) var<uniform> params: AttentionParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
@@ -36,46 +37,65 @@ fn attention_decode(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lane: u32,
 ) {
-    let row = (wg.x + wg.y * groups.x) * WG + lane;
-    if row >= params.n_rows * params.n_heads {
+    let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
+    let group = (wg.x + wg.y * groups.x) * WG + lane;
+    if group >= params.n_rows * params.n_kv_heads * chunks {
         return;
     }
-    let seq = row / params.n_heads;
-    let kv_head = kv_head_of(row % params.n_heads);
-    var query: array<vec4<f32>, HEAD_VEC4S>;
-    var acc: array<vec4<f32>, HEAD_VEC4S>;
-    for (var i = 0u; i < HEAD_VEC4S; i++) {
-        query[i] = q[row * HEAD_VEC4S + i] * params.scale;
+    let seq = group / (params.n_kv_heads * chunks);
+    let kv_head = group / chunks % params.n_kv_heads;
+    // Query row (seq, head) of the chunk's first head: the heads of a chunk are consecutive.
+    let first_row = seq * params.n_heads + kv_head * (params.n_heads / params.n_kv_heads)
+        + group % chunks * GROUP_HEADS;
+    var query: array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>;
+    var acc: array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>;
+    var running_max: array<f32, GROUP_HEADS>;
+    var sum: array<f32, GROUP_HEADS>;
+    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
+        query[e] = q[first_row * HEAD_VEC4S + e] * params.scale;
+    }
+    for (var h = 0u; h < GROUP_HEADS; h++) {
+        running_max[h] = NO_MAX;
     }
     let n_keys = min(context_lens[seq], table_capacity());
     let first = select(0u, first_visible_key(n_keys - 1u), n_keys > 0u);
-    var running_max = NO_MAX;
-    var sum = 0.0;
     for (var key = first; key < n_keys; key++) {
         let base = cache_vec4_index(key_slot(seq, key), kv_head);
-        var score = 0.0;
+        // Each key and value is loaded once for the chunk's heads.
+        var k: array<vec4<f32>, HEAD_VEC4S>;
         for (var i = 0u; i < HEAD_VEC4S; i++) {
-            score += dot(query[i], k_cache[base + i]);
+            k[i] = k_cache[base + i];
         }
-        score = soft_cap(score);
-        // Rescale only when the maximum moves, which after the first keys is rare.
-        if score > running_max {
-            let rescale = exp(running_max - score);
-            sum *= rescale;
+        var p: array<f32, GROUP_HEADS>;
+        for (var h = 0u; h < GROUP_HEADS; h++) {
+            var score = 0.0;
             for (var i = 0u; i < HEAD_VEC4S; i++) {
-                acc[i] *= rescale;
+                score += dot(query[h * HEAD_VEC4S + i], k[i]);
             }
-            running_max = score;
+            score = soft_cap(score);
+            // Rescale only when the maximum moves, which after the first keys is rare.
+            if score > running_max[h] {
+                let rescale = exp(running_max[h] - score);
+                sum[h] *= rescale;
+                for (var i = 0u; i < HEAD_VEC4S; i++) {
+                    acc[h * HEAD_VEC4S + i] *= rescale;
+                }
+                running_max[h] = score;
+            }
+            p[h] = exp(score - running_max[h]);
+            sum[h] += p[h];
         }
-        let p = exp(score - running_max);
-        sum += p;
         for (var i = 0u; i < HEAD_VEC4S; i++) {
-            acc[i] += p * v_cache[base + i];
+            let v = v_cache[base + i];
+            for (var h = 0u; h < GROUP_HEADS; h++) {
+                acc[h * HEAD_VEC4S + i] += p[h] * v;
+            }
         }
     }
-    for (var i = 0u; i < HEAD_VEC4S; i++) {
+    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
         // The key at the running maximum contributes exp(0) = 1: the sum is 0 only with no keys.
-        out[row * HEAD_VEC4S + i] = select(vec4<f32>(0.0), acc[i] / sum, sum > 0.0);
+        let total = sum[e / HEAD_VEC4S];
+        out[first_row * HEAD_VEC4S + e] = select(vec4<f32>(0.0), acc[e] / total, total > 0.0);
     }
 }
 #else

@@ -15,6 +15,16 @@
 //   8): the activations are the same for the whole workgroup, so each invocation loads one of
 //   the 8 a step needs and subgroupBroadcast hands them to the others; on a CPU device, where
 //   each non-constant load is a loop over the SIMD lanes, that turns 8 loads into 1.
+// WIDE (THREADS_PER_ROW = 1): an invocation walks its rows a block of 32 weights at a time with
+//   load32/unpack8, reading each word of a block once, then the last cols % 32 with decode8.
+// Gated input (GATED, with GATE_SILU or GATE_GELU): x holds a feed-forward layer's gate and
+//   x_up its up projection, and the product's activations are activation(gate) * up, computed
+//   as they are loaded (composed after activation.wgsl): the pass over memory that a separate
+//   gated-activation kernel makes is saved.
+// Outputs: y[b, r] for out_rows rows; or, with SPLIT (weights stacked from several matrices),
+//   rows below second_row go to y, rows from second_row to third_row to y1 and, with THIRD,
+//   the rest to y2, each [batch, its own rows]. ADD_TO_OUTPUT adds the products to what y
+//   holds (a residual connection) instead of overwriting it.
 // Grid: x (+ y past 65535) over row groups, linear index wg.x + wg.y * num_workgroups.x;
 //   z over batch tiles of BATCH_TILE. Rows past the chunk and batch rows past `batch` compute
 //   on clamped indices (so barriers and broadcasts stay in uniform control flow) and write
@@ -28,23 +38,126 @@ struct Params {
     row_words: u32,
     blocks: u32,
     out_rows: u32,
-    _pad: u32,
+    second_row: u32,
+    third_row: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> weights: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
+#if GATED
+@group(0) @binding(4) var<storage, read> x_up: array<vec4<f32>>;
+#endif
+#if SPLIT
+@group(0) @binding(4) var<storage, read_write> y1: array<f32>;
+#endif
+#if THIRD
+@group(0) @binding(5) var<storage, read_write> y2: array<f32>;
+#endif
 
 const ROWS_PER_WG: u32 = WG_SIZE / THREADS_PER_ROW * ROW_TILE;
 const TILE: u32 = ROW_TILE * BATCH_TILE;
 #if X_BROADCAST
 const_assert THREADS_PER_ROW == 1u;
 #endif
+#if WIDE
+const_assert THREADS_PER_ROW == 1u;
+#endif
+
+#if THIRD
+const_assert SPLIT;
+#endif
+
+// Four activations from index i of x (as vec4s).
+fn load_x(i: u32) -> vec4<f32> {
+#if GATED
+    return activate4(x[i]) * x_up[i];
+#else
+    return x[i];
+#endif
+}
+
+// Activation c of the four at index i.
+fn load_x_element(i: u32, c: u32) -> f32 {
+#if GATED
+    return activate(x[i][c]) * x_up[i][c];
+#else
+    return x[i][c];
+#endif
+}
+#if ADD_TO_OUTPUT
+const_assert !SPLIT;
+#endif
+#if GATED
+const_assert !SPLIT;
+#endif
+
+// Writes (or adds) the sum of batch row b and row `row` of the whole matrix to its output.
+fn store(b: u32, row: u32, sum: f32) {
+#if SPLIT
+    if row >= params.third_row {
+#if THIRD
+        y2[b * (params.out_rows - params.third_row) + row - params.third_row] = sum;
+#endif
+        return;
+    }
+    if row >= params.second_row {
+        y1[b * (params.third_row - params.second_row) + row - params.second_row] = sum;
+        return;
+    }
+#endif
+    let i = b * params.second_row + row;
+#if ADD_TO_OUTPUT
+    y[i] += sum;
+#else
+    y[i] = sum;
+#endif
+}
 
 #if SHARED_REDUCE
 var<workgroup> partial: array<f32, WG_SIZE * TILE>;
 #endif
+
+// Adds weights 8g .. 8g + 8 of the tile's rows (`w`) times the same activations of each of the
+// tile's batch rows from b0 to the tile's sums.
+fn accumulate(
+    acc: ptr<function, array<f32, TILE>>,
+    w: ptr<function, array<Weights8, ROW_TILE>>,
+    g: u32,
+    b0: u32,
+    subgroup_lane: u32,
+) {
+    let x_row_vec4s = params.cols / 4u;
+    for (var t = 0u; t < BATCH_TILE; t++) {
+        let xi = min(b0 + t, params.batch - 1u) * x_row_vec4s + 2u * g;
+#if X_BROADCAST
+        // Lanes past 8 (larger subgroups) load again what lane % 8 loads.
+        let j = subgroup_lane % 8u;
+        let mine = load_x_element(xi + j / 4u, j % 4u);
+        let x_lo = vec4<f32>(
+            subgroupBroadcast(mine, 0u),
+            subgroupBroadcast(mine, 1u),
+            subgroupBroadcast(mine, 2u),
+            subgroupBroadcast(mine, 3u),
+        );
+        let x_hi = vec4<f32>(
+            subgroupBroadcast(mine, 4u),
+            subgroupBroadcast(mine, 5u),
+            subgroupBroadcast(mine, 6u),
+            subgroupBroadcast(mine, 7u),
+        );
+#else
+        let x_lo = load_x(xi);
+        let x_hi = load_x(xi + 1u);
+#endif
+        for (var i = 0u; i < ROW_TILE; i++) {
+            (*acc)[t * ROW_TILE + i] += dot((*w)[i].lo, x_lo) + dot((*w)[i].hi, x_hi);
+        }
+    }
+}
 
 @compute @workgroup_size(WG_SIZE)
 fn matmul(
@@ -62,40 +175,40 @@ fn matmul(
         rows[i] = WeightRow(min(r0 + i, params.rows - 1u) * params.row_words, params.blocks);
     }
     let b0 = wg.z * BATCH_TILE;
-    let x_row_vec4s = params.cols / 4u;
+#if X_BROADCAST
+    let lane_in_subgroup = subgroup_lane;
+#else
+    let lane_in_subgroup = 0u;
+#endif
 
     var acc: array<f32, TILE>;
-    for (var g = part; g < params.cols / 8u; g += THREADS_PER_ROW) {
+#if WIDE
+    // Whole blocks of 32 weights: each word of a block is read once (see quant/common.wgsl).
+    let groups32 = params.cols / 32u;
+    for (var b = 0u; b < groups32; b++) {
+        var blocks: array<Block32, ROW_TILE>;
+        for (var i = 0u; i < ROW_TILE; i++) {
+            blocks[i] = load32(rows[i], b * 32u);
+        }
+        for (var s = 0u; s < 4u; s++) {
+            var w: array<Weights8, ROW_TILE>;
+            for (var i = 0u; i < ROW_TILE; i++) {
+                w[i] = unpack8(blocks[i], s);
+            }
+            accumulate(&acc, &w, b * 4u + s, b0, lane_in_subgroup);
+        }
+    }
+    // Columns past the last multiple of 32 (float types only), 8 at a time.
+    let first_group = groups32 * 4u;
+#else
+    let first_group = part;
+#endif
+    for (var g = first_group; g < params.cols / 8u; g += THREADS_PER_ROW) {
         var w: array<Weights8, ROW_TILE>;
         for (var i = 0u; i < ROW_TILE; i++) {
             w[i] = decode8(rows[i], g * 8u);
         }
-        for (var t = 0u; t < BATCH_TILE; t++) {
-            let xi = min(b0 + t, params.batch - 1u) * x_row_vec4s + 2u * g;
-#if X_BROADCAST
-            // Lanes past 8 (larger subgroups) load again what lane % 8 loads.
-            let j = subgroup_lane % 8u;
-            let mine = x[xi + j / 4u][j % 4u];
-            let x_lo = vec4<f32>(
-                subgroupBroadcast(mine, 0u),
-                subgroupBroadcast(mine, 1u),
-                subgroupBroadcast(mine, 2u),
-                subgroupBroadcast(mine, 3u),
-            );
-            let x_hi = vec4<f32>(
-                subgroupBroadcast(mine, 4u),
-                subgroupBroadcast(mine, 5u),
-                subgroupBroadcast(mine, 6u),
-                subgroupBroadcast(mine, 7u),
-            );
-#else
-            let x_lo = x[xi];
-            let x_hi = x[xi + 1u];
-#endif
-            for (var i = 0u; i < ROW_TILE; i++) {
-                acc[t * ROW_TILE + i] += dot(w[i].lo, x_lo) + dot(w[i].hi, x_hi);
-            }
-        }
+        accumulate(&acc, &w, g, b0, lane_in_subgroup);
     }
 
 #if SUBGROUP_REDUCE
@@ -127,7 +240,7 @@ fn matmul(
         for (var t = 0u; t < BATCH_TILE; t++) {
             for (var i = 0u; i < ROW_TILE; i++) {
                 if b0 + t < params.batch && r0 + i < params.rows {
-                    y[(b0 + t) * params.out_rows + params.first_row + r0 + i] = acc[t * ROW_TILE + i];
+                    store(b0 + t, params.first_row + r0 + i, acc[t * ROW_TILE + i]);
                 }
             }
         }

@@ -12,7 +12,15 @@
 // Every decoder defines
 //     fn decode8(row: WeightRow, k: u32) -> Weights8
 // returning weights k .. k + 7 of the row (k a multiple of 8 and below the row's length), and
-// never reads outside the row.
+// never reads outside the row; and, for kernels that walk a row 32 weights at a time,
+//     struct Block32
+//     fn load32(row: WeightRow, k: u32) -> Block32
+//     fn unpack8(block: Block32, i: u32) -> Weights8
+// where load32 reads what weights k .. k + 31 need (k a multiple of 32), each word once, and
+// unpack8 gives weights k + 8i .. k + 8i + 7 (i < 4) from it. Calling decode8 four times reads
+// a block's scale word four times and, for 4-bit types, each word of nibbles twice: on a CPU
+// device, where every load is a loop over the SIMD lanes, loads set the speed. Types whose
+// decode8 reads each word once get load32 from block32.wgsl, made of four decode8 calls.
 
 // Eight consecutive weights of a row: elements k .. k + 3 and k + 4 .. k + 7.
 struct Weights8 {

@@ -18,3 +18,32 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let hi = vec4<f32>(byte_fields(weights[w + 1u], shift, 0xfu));
     return Weights8(d * lo - m, d * hi - m);
 }
+
+// One sub-block of 32 weights: its scale and offset, and the 32 bytes of nibbles it shares with
+// its neighbour (it takes the low or the high nibbles).
+struct Block32 {
+    d: f32,
+    m: f32,
+    first: vec4<u32>,
+    last: vec4<u32>,
+    shift: u32,
+}
+
+fn load32(row: WeightRow, k: u32) -> Block32 {
+    let block = row.first_word + (k / 256u) * Q4_K_BLOCK_WORDS;
+    let sub = (k % 256u) / 32u;
+    let d_dmin = unpack2x16float(weights[block]);
+    let scale_min = k_scale_min(block, sub);
+    let w = block + 4u + (sub / 2u) * 8u;
+    let first = vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]);
+    let last = vec4<u32>(weights[w + 4u], weights[w + 5u], weights[w + 6u], weights[w + 7u]);
+    return Block32(d_dmin.x * scale_min.x, d_dmin.y * scale_min.y, first, last, (sub % 2u) * 4u);
+}
+
+fn unpack8(block: Block32, i: u32) -> Weights8 {
+    let words = select(block.last, block.first, i < 2u);
+    let word = 2u * (i % 2u);
+    let lo = vec4<f32>(byte_fields(words[word], block.shift, 0xfu));
+    let hi = vec4<f32>(byte_fields(words[word + 1u], block.shift, 0xfu));
+    return Weights8(block.d * lo - block.m, block.d * hi - block.m);
+}

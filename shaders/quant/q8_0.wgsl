@@ -14,3 +14,24 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let d = trailing_scale(row, Q8_0_BODY_WORDS, block);
     return Weights8(signed_bytes(weights[w]) * d, signed_bytes(weights[w + 1u]) * d);
 }
+
+// One block: its scale and its 32 bytes.
+struct Block32 {
+    d: f32,
+    first: vec4<u32>,
+    last: vec4<u32>,
+}
+
+fn load32(row: WeightRow, k: u32) -> Block32 {
+    let block = k / 32u;
+    let w = row.first_word + block * Q8_0_BODY_WORDS;
+    let first = vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]);
+    let last = vec4<u32>(weights[w + 4u], weights[w + 5u], weights[w + 6u], weights[w + 7u]);
+    return Block32(trailing_scale(row, Q8_0_BODY_WORDS, block), first, last);
+}
+
+fn unpack8(block: Block32, i: u32) -> Weights8 {
+    let words = select(block.last, block.first, i < 2u);
+    let word = 2u * (i % 2u);
+    return Weights8(signed_bytes(words[word]) * block.d, signed_bytes(words[word + 1u]) * block.d);
+}

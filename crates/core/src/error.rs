@@ -100,6 +100,10 @@ pub enum Error {
     /// during a step): its state cannot be trusted, so the engine fails every request.
     #[error("the engine is unhealthy: {0}; load the model again (on a new GPU device) to go on")]
     Unhealthy(String),
+    /// A request's structured-output constraint failed while generating: its grammar allows no
+    /// token that can be drawn. The request ends with this error.
+    #[error("the output's grammar cannot go on: {0}")]
+    Constraint(String),
     /// The engine's step loop is not running (it was never started, or it ended), so the
     /// request cannot be served.
     #[error("the engine is not running: {0}")]

@@ -6,6 +6,7 @@
 //! - [`quant`]: the GGML quantization formats and their CPU dequantization.
 //! - [`gpu`]: the wgpu device context, buffers and the compiled-pipeline cache.
 //! - [`kernels`]: the WGSL kernel library (in `shaders/`) and the Rust launchers that record them.
+//! - [`grammar`]: structured output, the token masks of JSON Schemas, regexes and grammars.
 
 pub mod chat;
 pub mod engine;
@@ -13,6 +14,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod gpu;
+pub mod grammar;
 pub mod kernels;
 pub mod kv;
 pub mod model;

@@ -56,7 +56,7 @@ use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
 use async_channel::{Receiver, Sender};
@@ -71,10 +71,11 @@ pub use request::{
 use crate::error::panic_message;
 use crate::gguf::GgufFile;
 use crate::gpu::{GpuContext, Tensor};
+use crate::grammar::{GrammarCompiler, TokenConstraint};
 use crate::kernels::sample::{CandidateDepth, RowCandidates, top_candidates};
 use crate::kv::KvCache;
 use crate::model::{LogitRows, Model, SequenceChunk};
-use crate::sample::Sampler;
+use crate::sample::{Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use scheduler::{Limits, Planned, Scheduler};
@@ -202,6 +203,8 @@ struct Shared {
     health: Health,
     next_id: AtomicU64,
     seed: u64,
+    /// Made at the first request with a structured-output constraint (or why it cannot be).
+    grammar: OnceLock<std::result::Result<GrammarCompiler, String>>,
 }
 
 /// A handle on the engine: cheap to clone, shared by all callers.
@@ -260,6 +263,7 @@ impl Engine {
             health: health.clone(),
             next_id: AtomicU64::new(0),
             seed: options.seed,
+            grammar: OnceLock::new(),
         };
         let step_loop = StepLoop {
             model,
@@ -292,8 +296,9 @@ impl Engine {
 
     /// Submits a request. The stream yields its outputs (see [`GenerateOutput`]) and ends after
     /// the last one. A request that is invalid (no prompt, a token outside the vocabulary, a
-    /// sampling parameter out of range, more tokens than the context holds) yields one error,
-    /// naming what is wrong, and nothing is queued.
+    /// sampling parameter out of range, a JSON Schema, regex or grammar that does not compile,
+    /// more tokens than the context holds) yields one error, naming what is wrong, and nothing
+    /// is queued.
     pub fn generate(&self, request: GenerateRequest) -> GenerationStream {
         let (output, items) = async_channel::unbounded();
         let submitted =
@@ -381,6 +386,7 @@ impl Engine {
                 ),
             });
         }
+        let constraint = self.compile_constraint(params)?;
         let request_number = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let handle = Arc::new(RequestHandle {
             rid: request.rid.clone().unwrap_or_else(|| format!("flint-{request_number}")),
@@ -409,13 +415,32 @@ impl Engine {
                     shared.tokenizer.end_of_generation(),
                 )?;
                 let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-                let mut sequence = Sequence::new(id, index, handle.clone(), prompt.clone(), sampler);
+                let constraint = constraint.as_ref().map(TokenConstraint::fork);
+                let mut sequence =
+                    Sequence::new(id, index, handle.clone(), prompt.clone(), sampler, constraint);
                 sequence.prompt_leader = leader;
                 leader.get_or_insert(id);
                 sequences.push(sequence);
             }
         }
         Ok(sequences)
+    }
+
+    /// Compiles the request's structured-output constraint, if it has one (on the caller's
+    /// side: the step loop never waits for a compilation).
+    fn compile_constraint(&self, params: &SamplingParams) -> Result<Option<TokenConstraint>> {
+        let Some(constraint) = params.output_constraint()? else { return Ok(None) };
+        let shared = &*self.shared;
+        let compiler = shared.grammar.get_or_init(|| {
+            GrammarCompiler::new(&shared.tokenizer, shared.vocab_size).map_err(|error| error.to_string())
+        });
+        match compiler {
+            Ok(compiler) => compiler.compile(params),
+            Err(reason) => Err(Error::InvalidParameter {
+                field: constraint.field(),
+                reason: format!("structured output is not available with this model: {reason}"),
+            }),
+        }
     }
 
     fn check_prompt(&self, prompt: &[u32], request: &GenerateRequest) -> Result<()> {
@@ -675,6 +700,11 @@ impl StepLoop {
     /// likely tokens and only those are read back; a row whose candidates do not decide its
     /// draw is read back alone. Otherwise (prompt log-probabilities, logprobs, penalties,
     /// sampling from every token) the whole logits are read back.
+    ///
+    /// A sequence under a structured-output constraint computes the tokens its grammar allows
+    /// while the GPU runs the pass, and draws among those only: from its candidates when one of
+    /// them is allowed (the draw is then the same as from the masked row), else from its row.
+    /// Unconstrained sequences in the batch draw exactly as they would without it.
     async fn run_planned(&mut self, planned: &[Planned]) -> Result<usize> {
         #[cfg(feature = "fault-injection")]
         if self.take_fault(|fault| *fault == Fault::PanicInForwardPass) {
@@ -707,6 +737,16 @@ impl StepLoop {
                 Ok(Some((out, depth)))
             })?
         };
+        // The GPU runs the step now: meanwhile, the constrained sequences about to draw find
+        // the tokens their grammars allow.
+        for p in planned.iter().filter(|p| p.rows() > 0) {
+            let seq = &mut self.scheduler.running[p.seq];
+            if p.positions.end == seq.tokens.len()
+                && let Err(error) = seq.prepare_constraint()
+            {
+                seq.fail(error);
+            }
+        }
         let ctx = self.model.gpu().clone();
         let (rows, candidates) = match candidates {
             Some((out, depth)) => (Vec::new(), RowCandidates::parse(&out.to_u32(&ctx).await?, depth)),
@@ -739,7 +779,7 @@ impl StepLoop {
             {
                 self.cache.cache_prefix(table, &seq.tokens[..seq.computed]);
             }
-            if seq.computed < seq.tokens.len() || p.rows() == 0 {
+            if seq.computed < seq.tokens.len() || p.rows() == 0 || seq.finish.is_some() {
                 continue;
             }
             let last = row_range.end - 1;
@@ -841,7 +881,10 @@ fn candidate_depth(planned: &[Planned], running: &[Sequence]) -> Option<Candidat
         let seq = &running[p.seq];
         let sampled_now = p.logits == LogitRows::Last && p.positions.end == seq.tokens.len();
         let needed = seq.samples_from_candidates().filter(|_| sampled_now)?;
-        let depth = if needed == 1 { CandidateDepth::Best } else { CandidateDepth::Top };
+        // A constrained draw takes the best allowed candidate: the deeper the search, the less
+        // often the row is read back because no candidate is allowed.
+        let depth =
+            if needed == 1 && !seq.is_constrained() { CandidateDepth::Best } else { CandidateDepth::Top };
         deepest = Some(match deepest {
             Some(CandidateDepth::Top) => CandidateDepth::Top,
             _ => depth,

@@ -76,7 +76,8 @@ pub enum FinishReason {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum StopMatch {
-    /// An end-of-generation token or one of `stop_token_ids` (the last of `output_ids`).
+    /// An end-of-generation token or one of `stop_token_ids` (the last of `output_ids`), or the
+    /// token that completed the output's `json_schema`, `regex` or `grammar`.
     Token(u32),
     /// One of the `stop` strings (cut from the text, never emitted).
     Text(String),

@@ -8,6 +8,7 @@ use web_time::Instant;
 
 use crate::engine::request::{FinishReason, GenerateOutput, Logprobs, MetaInfo, StopMatch, TokenLogprob};
 use crate::engine::stop::StopText;
+use crate::grammar::TokenConstraint;
 use crate::kernels::sample::RowCandidates;
 use crate::kv::KvBlockTable;
 use crate::sample::{Sampler, log_softmax, top_logprobs};
@@ -47,6 +48,8 @@ pub(crate) struct Sequence {
     /// The sequence's blocks while it is running; `None` while it waits.
     pub table: Option<KvBlockTable>,
     pub sampler: Sampler,
+    /// The structured-output constraint, when the request has one.
+    constraint: Option<TokenConstraint>,
     /// Prompt tokens taken from the prefix cache when first admitted.
     pub cached_tokens: Option<usize>,
     /// For samples 2.. of a prompt (`n` > 1): the sequence of its first sample, whose prompt
@@ -73,6 +76,7 @@ impl Sequence {
         request: Arc<RequestHandle>,
         prompt: Vec<u32>,
         sampler: Sampler,
+        constraint: Option<TokenConstraint>,
     ) -> Self {
         let params = sampler.params();
         let detokenizer = Detokenizer::after_prompt(params.skip_special_tokens);
@@ -86,6 +90,7 @@ impl Sequence {
             computed: 0,
             table: None,
             sampler,
+            constraint,
             cached_tokens: None,
             prompt_leader: None,
             detokenizer,
@@ -142,10 +147,22 @@ impl Sequence {
         if self.request.return_logprob { None } else { self.sampler.candidates_needed() }
     }
 
+    /// Whether a structured-output constraint masks this sequence's draws.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Computes the tokens the constraint allows next (nothing to do without one): the engine
+    /// calls this while the GPU runs the step that produces the logits they mask.
+    pub fn prepare_constraint(&mut self) -> Result<()> {
+        self.constraint.as_mut().map_or(Ok(()), TokenConstraint::compute_mask)
+    }
+
     /// Samples the next token from the logits `row` of the last token, and decides whether the
     /// sequence ends with it.
     pub fn sample_next(&mut self, tokenizer: &Tokenizer, row: &[f32]) -> Result<()> {
-        let token = self.sampler.sample(row)?;
+        let allowed = self.constraint.as_mut().map(TokenConstraint::allowed).transpose()?;
+        let token = self.sampler.sample_allowed(row, allowed)?;
         if self.request.return_logprob {
             let (entry, top) = logprob_entry(row, token, self.request.top_logprobs_num);
             self.output_logprobs.push(entry, top);
@@ -159,14 +176,20 @@ impl Sequence {
         if self.request.return_logprob {
             return Ok(false);
         }
-        match self.sampler.sample_candidates(&candidates.tokens, candidates.let_go) {
+        let allowed = self.constraint.as_mut().map(TokenConstraint::allowed).transpose()?;
+        match self.sampler.sample_candidates_allowed(&candidates.tokens, candidates.let_go, allowed) {
             Some(token) => self.push_token(tokenizer, token).map(|()| true),
             None => Ok(false),
         }
     }
 
-    /// Appends a sampled token and decides whether the sequence ends with it.
+    /// Appends a sampled token and decides whether the sequence ends with it: a stop token, a
+    /// stop string, the end of the constraint's grammar, or `max_new_tokens`.
     fn push_token(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<()> {
+        let grammar_complete = match self.constraint.as_mut() {
+            Some(constraint) => constraint.commit(token)?,
+            None => false,
+        };
         self.tokens.push(token);
         self.unsent_ids.push(token);
         if self.sampler.is_stop_token(token) {
@@ -177,6 +200,11 @@ impl Sequence {
         let piece = self.detokenizer.push(tokenizer, token)?;
         if let Some(stop) = self.text.push(&piece) {
             self.finish = Some(FinishReason::Stop { matched: StopMatch::Text(stop) });
+            return Ok(());
+        }
+        if grammar_complete {
+            self.finish_text();
+            self.finish.get_or_insert(FinishReason::Stop { matched: StopMatch::Token(token) });
             return Ok(());
         }
         if self.generated() >= self.sampler.params().max_new_tokens {

@@ -45,7 +45,8 @@ pub struct Generation {
 /// Generates a continuation of `prompt_ids`, calling `on_text(new_text, new_ids)` after every
 /// token (the text is empty while a character is incomplete). `fallback_seed` seeds the sampler
 /// when the parameters have no seed. A prompt that is empty, has an id outside the vocabulary,
-/// or leaves no room for `max_new_tokens` in the model's context is an error before any work.
+/// or leaves no room for `max_new_tokens` in the model's context is an error before any work,
+/// and so is a structured-output constraint (only [`crate::engine::Engine`] applies them).
 pub async fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
@@ -55,6 +56,12 @@ pub async fn generate(
     on_text: &mut dyn FnMut(&str, &[u32]),
 ) -> Result<Generation> {
     check_prompt(model, prompt_ids)?;
+    if let Some(constraint) = params.output_constraint()? {
+        return Err(Error::InvalidParameter {
+            field: constraint.field(),
+            reason: "this one-sequence generate() does not constrain its output; use the engine".into(),
+        });
+    }
     let vocab_size = model.config().vocab_size;
     let mut sampler =
         Sampler::new(params, fallback_seed, vocab_size, prompt_ids, tokenizer.end_of_generation())?;

@@ -30,6 +30,8 @@ pub struct QuantMatrix {
     rows: usize,
     cols: usize,
     row_words: usize,
+    /// Rows of each stacked part ([`QuantMatrix::upload_stacked`]); one entry otherwise.
+    part_rows: Vec<usize>,
     chunks: Vec<WeightChunk>,
 }
 
@@ -59,13 +61,18 @@ fn repacked_scale_offset(quant: QuantType) -> Option<usize> {
     }
 }
 
+fn shape_error(reason: String) -> Error {
+    Error::KernelArguments { kernel: "QuantMatrix::upload", reason }
+}
+
 /// Every decoder yields 8 consecutive weights at a time, so rows are a multiple of 8 long.
 const DECODE_WEIGHTS: usize = 8;
 
 impl QuantMatrix {
-    /// The WGSL parts that give a kernel `decode8()` for `quant` weights in this module's layout:
-    /// the shared interface, then the type's decoder (with the K-quant scale helpers before the
-    /// Q4_K and Q5_K decoders). A kernel appends its own family file after them.
+    /// The WGSL parts that give a kernel `decode8()` and `load32()` for `quant` weights in this
+    /// module's layout: the shared interface, then the type's decoder (with the K-quant scale
+    /// helpers before the Q4_K and Q5_K decoders, and block32.wgsl after the decoders without a
+    /// load32 of their own). A kernel appends its own family file after them.
     pub(crate) fn decoder_parts(quant: QuantType) -> Vec<&'static str> {
         const COMMON: &str = include_str!("../../../../shaders/quant/common.wgsl");
         const K_SCALES: &str = include_str!("../../../../shaders/quant/k_scales.wgsl");
@@ -82,10 +89,16 @@ impl QuantMatrix {
             QuantType::Q5K => include_str!("../../../../shaders/quant/q5_k.wgsl"),
             QuantType::Q6K => include_str!("../../../../shaders/quant/q6_k.wgsl"),
         };
-        match quant {
+        const BLOCK32: &str = include_str!("../../../../shaders/quant/block32.wgsl");
+        let mut parts = match quant {
             QuantType::Q4K | QuantType::Q5K => vec![COMMON, K_SCALES, decoder],
             _ => vec![COMMON, decoder],
+        };
+        // The decoders that read a block's words once for 32 weights define load32 themselves.
+        if !matches!(quant, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q4K) {
+            parts.push(BLOCK32);
         }
+        parts
     }
 
     /// Uploads a weight from its GGUF bytes (`rows` rows of `quant.row_bytes(cols)` bytes),
@@ -113,29 +126,67 @@ impl QuantMatrix {
         bytes: &[u8],
         max_chunk_bytes: u64,
     ) -> Result<Self> {
-        let shape_error = |reason: String| Error::KernelArguments { kernel: "QuantMatrix::upload", reason };
-        let row_bytes = quant
-            .row_bytes(cols)
-            .filter(|_| cols > 0 && cols.is_multiple_of(DECODE_WEIGHTS))
-            .ok_or_else(|| {
-                shape_error(format!(
-                    "weight '{name}': {cols} columns is not a positive multiple of the {quant} block \
-                     ({} weights) and of {DECODE_WEIGHTS}",
-                    quant.block_elements()
-                ))
-            })?;
-        // Kernels index rows and columns with u32.
-        if rows == 0 || rows > u32::MAX as usize || cols > u32::MAX as usize {
-            return Err(shape_error(format!(
-                "weight '{name}' has {rows} rows and {cols} columns: both must be between 1 and {}",
-                u32::MAX
-            )));
-        }
+        let row_bytes = Self::row_bytes(name, quant, cols)?;
         if rows.checked_mul(row_bytes) != Some(bytes.len()) {
             return Err(shape_error(format!(
                 "weight '{name}': {rows} rows of {cols} {quant} weights are {row_bytes} bytes each, \
                  but {} bytes were given",
                 bytes.len()
+            )));
+        }
+        Self::upload_parts(ctx, name, quant, cols, &[bytes], max_chunk_bytes)
+    }
+
+    /// Uploads weights of the same type and width stacked into one matrix: the rows of
+    /// `parts[0]`, then those of `parts[1]`, and so on (each part whole rows of GGUF bytes).
+    /// A kernel then reads them all in one pass, as [`crate::kernels::matmul::matmul_split`]
+    /// does for the query, key and value projections of one input.
+    pub fn upload_stacked(
+        ctx: &GpuContext,
+        name: &str,
+        quant: QuantType,
+        cols: usize,
+        parts: &[&[u8]],
+    ) -> Result<Self> {
+        Self::upload_parts(ctx, name, quant, cols, parts, ctx.max_binding_bytes())
+    }
+
+    /// The bytes of a GGUF row of `cols` weights, if such a row can be uploaded.
+    fn row_bytes(name: &str, quant: QuantType, cols: usize) -> Result<usize> {
+        quant.row_bytes(cols).filter(|_| cols > 0 && cols.is_multiple_of(DECODE_WEIGHTS)).ok_or_else(|| {
+            shape_error(format!(
+                "weight '{name}': {cols} columns is not a positive multiple of the {quant} block \
+                 ({} weights) and of {DECODE_WEIGHTS}",
+                quant.block_elements()
+            ))
+        })
+    }
+
+    /// As [`QuantMatrix::upload_stacked`], with chunks of at most `max_chunk_bytes` (capped at
+    /// the device's binding limit), which tests use to split chunks across parts.
+    pub(crate) fn upload_parts(
+        ctx: &GpuContext,
+        name: &str,
+        quant: QuantType,
+        cols: usize,
+        parts: &[&[u8]],
+        max_chunk_bytes: u64,
+    ) -> Result<Self> {
+        let row_bytes = Self::row_bytes(name, quant, cols)?;
+        if let Some(part) = parts.iter().position(|p| p.is_empty() || !p.len().is_multiple_of(row_bytes)) {
+            return Err(shape_error(format!(
+                "weight '{name}': part {part} of {} bytes is not a positive number of rows of {cols} \
+                 {quant} weights ({row_bytes} bytes each)",
+                parts[part].len()
+            )));
+        }
+        let part_rows: Vec<usize> = parts.iter().map(|p| p.len() / row_bytes).collect();
+        let rows: usize = part_rows.iter().sum();
+        // Kernels index rows and columns with u32.
+        if rows == 0 || rows > u32::MAX as usize || cols > u32::MAX as usize {
+            return Err(shape_error(format!(
+                "weight '{name}' has {rows} rows and {cols} columns: both must be between 1 and {}",
+                u32::MAX
             )));
         }
         let blocks = cols / quant.block_elements();
@@ -152,24 +203,30 @@ impl QuantMatrix {
                 reason: format!("one row must fit in one buffer of at most {chunk_limit} bytes"),
             });
         }
-        let mut matrix =
-            QuantMatrix { name: name.to_string(), quant, rows, cols, row_words, chunks: Vec::new() };
+        let mut matrix = QuantMatrix {
+            name: name.to_string(),
+            quant,
+            rows,
+            cols,
+            row_words,
+            part_rows,
+            chunks: Vec::new(),
+        };
         for first_row in (0..rows).step_by(rows_per_chunk) {
-            let chunk_rows = rows_per_chunk.min(rows - first_row);
-            let src = &bytes[first_row * row_bytes..(first_row + chunk_rows) * row_bytes];
-            let buffer = matrix.upload_chunk(ctx, first_row..first_row + chunk_rows, src, row_bytes)?;
-            matrix.chunks.push(WeightChunk { buffer, first_row, rows: chunk_rows });
+            let chunk_rows = first_row..first_row + rows_per_chunk.min(rows - first_row);
+            let buffer = matrix.upload_chunk(ctx, chunk_rows.clone(), parts, row_bytes)?;
+            matrix.chunks.push(WeightChunk { buffer, first_row, rows: chunk_rows.len() });
         }
         Ok(matrix)
     }
 
-    /// One buffer holding `rows` in the GPU layout, written while mapped at creation (no
-    /// staging copy).
+    /// One buffer holding `rows` of the stacked `parts` in the GPU layout, written while mapped
+    /// at creation (no staging copy).
     fn upload_chunk(
         &self,
         ctx: &GpuContext,
         rows: Range<usize>,
-        src: &[u8],
+        parts: &[&[u8]],
         row_bytes: usize,
     ) -> Result<wgpu::Buffer> {
         let gpu_row_bytes = self.row_words * 4;
@@ -183,15 +240,28 @@ impl QuantMatrix {
             let mut view = buffer
                 .get_mapped_range_mut(..)
                 .map_err(|e| Error::Gpu(format!("mapping '{}': {e}", self.name)))?;
-            match repacked_scale_offset(self.quant) {
-                None => view.slice(..).copy_from_slice(src),
-                Some(scale_at) => {
-                    let mut row = vec![0u8; gpu_row_bytes];
-                    for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
-                        repack_row(self.quant, scale_at, src_row, &mut row);
-                        view.slice(i * gpu_row_bytes..(i + 1) * gpu_row_bytes).copy_from_slice(&row);
+            // The chunk's rows, as runs of consecutive rows within one part.
+            let mut written = 0;
+            let mut part_start = 0;
+            let mut repacked = vec![0u8; gpu_row_bytes];
+            for (part, &part_rows) in parts.iter().zip(&self.part_rows) {
+                let run = rows.start.max(part_start)..rows.end.min(part_start + part_rows);
+                if !run.is_empty() {
+                    let src = &part[(run.start - part_start) * row_bytes..(run.end - part_start) * row_bytes];
+                    let at = written * gpu_row_bytes;
+                    match repacked_scale_offset(self.quant) {
+                        None => view.slice(at..at + src.len()).copy_from_slice(src),
+                        Some(scale_at) => {
+                            for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
+                                repack_row(self.quant, scale_at, src_row, &mut repacked);
+                                let row_at = at + i * gpu_row_bytes;
+                                view.slice(row_at..row_at + gpu_row_bytes).copy_from_slice(&repacked);
+                            }
+                        }
                     }
+                    written += run.len();
                 }
+                part_start += part_rows;
             }
         }
         buffer.unmap();
@@ -226,6 +296,12 @@ impl QuantMatrix {
     /// Number of buffers the rows are split into.
     pub fn chunk_count(&self) -> usize {
         self.chunks.len()
+    }
+
+    /// The number of rows of each stacked part, in order (one part unless uploaded with
+    /// [`QuantMatrix::upload_stacked`]).
+    pub fn part_rows(&self) -> &[usize] {
+        &self.part_rows
     }
 
     /// The chunks, in row order.

@@ -39,17 +39,20 @@
 use crate::Result;
 use crate::gpu::{GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
+use crate::kernels::rope::Rope;
 
 const COMMON: &str = include_str!("../../../../shaders/attention.wgsl");
 const DECODE: &str = include_str!("../../../../shaders/attention_decode.wgsl");
 const PREFILL: &str = include_str!("../../../../shaders/attention_prefill.wgsl");
 const KV_STORE: &str = include_str!("../../../../shaders/kv_store.wgsl");
+const ROPE_KV: &str = include_str!("../../../../shaders/rope_kv.wgsl");
 
 /// The largest head size the kernels take: decode spreads a head over its 64 invocations, one
 /// vec4 each, and prefill's K/V tiles must fit 16 KiB of workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
 
 const KV_STORE_WG: u32 = 256;
+const ROPE_KV_WG: u32 = 64;
 const DECODE_WG: u32 = 64;
 /// One SIMD group of lavapipe (8 f32 lanes of 256 bits), so that a batch of a few sequences
 /// still spreads over the device's threads.
@@ -238,6 +241,90 @@ pub fn store_kv(
     )
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeKvParams {
+    n_tokens: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    n_slots: u32,
+}
+
+/// Records, in one pass, what [`rope`](crate::kernels::rope::rope) of `q`, `rope` of `k` and
+/// [`store_kv`] of the rotated keys and `v` do in three: q (`[n_tokens, q_heads * head_dim]`)
+/// is rotated in place; k and v (`[n_tokens, n_kv_heads * head_dim]`) are left as they are,
+/// the rotated keys and the values written to the tokens' `slots` in the cache. `positions`
+/// and `slots` hold one u32 per token; a slot past the cache stores nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_and_store_kv(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    rope: &Rope,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    positions: &Tensor,
+    cache: &KvCacheLayer<'_>,
+    slots: &Tensor,
+) -> Result<()> {
+    const KERNEL: &str = "rope_kv";
+    let geometry = CacheGeometry::of(KERNEL, cache)?;
+    let head_dim = geometry.head_dim;
+    let n_tokens = slots.len();
+    let row = geometry.n_kv_heads * head_dim;
+    ensure(KERNEL, rope.head_dim() == head_dim, || {
+        format!("the rope rotates heads of {} and the cache holds heads of {head_dim}", rope.head_dim())
+    })?;
+    ensure(
+        KERNEL,
+        positions.len() == n_tokens
+            && k.len() == n_tokens * row
+            && v.len() == n_tokens * row
+            && q.len().is_multiple_of(head_dim)
+            && (q.len() / head_dim).is_multiple_of(n_tokens.max(1)),
+        || {
+            format!(
+                "{n_tokens} slots and {} positions, q of {} elements, k of {} and v of {}: there must be \
+                 one position per slot, q [tokens, heads * {head_dim}] and k and v [tokens, {row}]",
+                positions.len(),
+                q.len(),
+                k.len(),
+                v.len()
+            )
+        },
+    )?;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let q_heads = q.len() / head_dim / n_tokens;
+    let items = n_tokens as u64 * (q_heads + geometry.n_kv_heads) as u64 * (head_dim / 2) as u64;
+    ensure(KERNEL, items < u64::from(u32::MAX), || {
+        format!("{items} work items are too many for one dispatch")
+    })?;
+    let params = ctx.uniform(&RopeKvParams {
+        n_tokens: n_tokens as u32,
+        q_heads: q_heads as u32,
+        kv_heads: geometry.n_kv_heads as u32,
+        n_slots: geometry.slots() as u32,
+    });
+    ctx.dispatch(
+        encoder,
+        &rope.kernel(KERNEL, ROPE_KV).define("WG_SIZE", format!("{ROPE_KV_WG}u")),
+        &[
+            params.as_entire_binding(),
+            rope.turns().binding(),
+            positions.binding(),
+            slots.binding(),
+            q.binding(),
+            k.binding(),
+            v.binding(),
+            cache.k.binding(),
+            cache.v.binding(),
+        ],
+        ctx.grid((items as u32).div_ceil(ROPE_KV_WG)),
+    )
+}
+
 /// Records decode attention: for each sequence `s` and query head `h`, row `q[s, h]` (f32
 /// `[n_seqs, n_heads, head_dim]`, or `[n_seqs, n_heads * head_dim]`) attends to the sequence's
 /// first `context_lens[s]` keys and the result goes to `out[s, h]` (same shape as `q`).
@@ -250,10 +337,10 @@ pub fn decode(
     options: &AttentionOptions,
     out: &Tensor,
 ) -> Result<()> {
-    decode_as(ctx, encoder, q, cache, batch, options, out, DecodeVariant::choose(ctx))
+    decode_as(ctx, encoder, q, cache, batch, options, out, None)
 }
 
-/// [`decode`] in the given variant.
+/// [`decode`] in the given variant, or the device's own when `None`.
 #[allow(clippy::too_many_arguments)]
 fn decode_as(
     ctx: &GpuContext,
@@ -263,7 +350,7 @@ fn decode_as(
     batch: &DecodeBatch<'_>,
     options: &AttentionOptions,
     out: &Tensor,
-    variant: DecodeVariant,
+    variant: Option<DecodeVariant>,
 ) -> Result<()> {
     const KERNEL: &str = "attention_decode";
     let geometry = CacheGeometry::of(KERNEL, cache)?;
@@ -278,13 +365,20 @@ fn decode_as(
         return Ok(());
     }
     let params = ctx.uniform(&params);
+    let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
+    let variant = variant.unwrap_or_else(|| {
+        DecodeVariant::choose(ctx, n_seqs * n_heads / group_heads, group_heads, geometry.head_dim)
+    });
     let (source, workgroups) = match variant {
         DecodeVariant::Workgroups => {
-            let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
             (decode_source(geometry.head_dim, group_heads), n_seqs * n_heads / group_heads)
         }
-        DecodeVariant::Serial => {
-            (decode_serial_source(geometry.head_dim), (n_seqs * n_heads).div_ceil(DECODE_SERIAL_WG as usize))
+        DecodeVariant::Serial { group_heads } => {
+            let invocations = n_seqs * n_heads / group_heads;
+            (
+                decode_serial_source(geometry.head_dim, group_heads),
+                invocations.div_ceil(DECODE_SERIAL_WG as usize),
+            )
         }
     };
     ctx.dispatch(
@@ -439,28 +533,43 @@ enum DecodeVariant {
     /// A workgroup per (sequence, kv head, chunk of query heads), keys in tiles shared through
     /// workgroup memory: GPUs.
     Workgroups,
-    /// An invocation per (sequence, query head), alone over its keys: CPU devices, where
-    /// invocations are SIMD lanes of one thread and every barrier and every loop of every lane
-    /// over a tile's scores in workgroup memory costs (at 16 sequences on lavapipe the
-    /// workgroup form took 86 ms a step for SmolLM2's 30 layers).
-    Serial,
+    /// An invocation per (sequence, kv head, chunk of `group_heads` query heads), alone over its
+    /// keys: CPU devices, where invocations are SIMD lanes of one thread and every barrier and
+    /// every loop of every lane over a tile's scores in workgroup memory costs (at 16 sequences
+    /// on lavapipe the workgroup form took 86 ms a step for SmolLM2's 30 layers, one invocation
+    /// per head 35 ms).
+    Serial { group_heads: usize },
 }
 
 impl DecodeVariant {
-    fn choose(ctx: &GpuContext) -> Self {
-        if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
-            DecodeVariant::Serial
-        } else {
-            DecodeVariant::Workgroups
+    /// The variant for this device, given the (sequence, kv head, chunk) groups of a step and
+    /// the query heads of a chunk.
+    fn choose(ctx: &GpuContext, chunks: usize, group_heads: usize, head_dim: usize) -> Self {
+        if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
+            return DecodeVariant::Workgroups;
+        }
+        // A chunk per invocation loads each key and value once for its heads but makes fewer
+        // invocations: only while they still fill a few workgroups for the device's threads,
+        // and while its queries and sums stay small (4 heads of 256 took LLVM a minute to
+        // compile, and spill).
+        let enough = chunks >= 4 * DECODE_SERIAL_WG as usize;
+        DecodeVariant::Serial {
+            group_heads: if enough { serial_group_heads(group_heads, head_dim) } else { 1 },
         }
     }
 }
 
-fn decode_serial_source(head_dim: usize) -> KernelSource {
+/// Query heads per invocation of the serial variant: the chunk, when its heads hold at most
+/// 256 query values together.
+fn serial_group_heads(group_heads: usize, head_dim: usize) -> usize {
+    if group_heads * head_dim <= 256 { group_heads } else { 1 }
+}
+
+fn decode_serial_source(head_dim: usize, group_heads: usize) -> KernelSource {
     KernelSource::new("attention_decode", &[COMMON, DECODE])
         .define("HEAD_DIM", format!("{head_dim}u"))
         .define("WG", format!("{DECODE_SERIAL_WG}u"))
-        .define("GROUP_HEADS", "1u")
+        .define("GROUP_HEADS", format!("{group_heads}u"))
         .define("SERIAL", true)
 }
 
@@ -688,7 +797,7 @@ mod tests {
             out.fill_bits(ctx, POISON);
             let mut encoder = ctx.encoder("test");
             let cache = KvCacheLayer { k: &k, v: &v };
-            decode_as(ctx, &mut encoder, &q_gpu, &cache, &batch, &options, &out, variant).unwrap();
+            decode_as(ctx, &mut encoder, &q_gpu, &cache, &batch, &options, &out, Some(variant)).unwrap();
             ctx.submit(encoder).unwrap();
             pollster::block_on(out.to_f32(ctx)).unwrap()
         };
@@ -705,7 +814,13 @@ mod tests {
                 }
             }
         }
-        for variant in [DecodeVariant::Workgroups, DecodeVariant::Serial] {
+        let chunked = serial_group_heads(decode_group_heads(group), heads.head_dim);
+        let variants = [
+            DecodeVariant::Workgroups,
+            DecodeVariant::Serial { group_heads: 1 },
+            DecodeVariant::Serial { group_heads: chunked },
+        ];
+        for variant in variants {
             assert_close(&format!("{name} {variant:?}"), &run(variant), &expected, ATTENTION_TOLERANCE);
         }
     }
@@ -914,6 +1029,74 @@ mod tests {
         );
     }
 
+    /// The fused pass gives bit for bit what rope, rope and store_kv give, for both layouts,
+    /// whole and partial rotation, padding slots included.
+    #[test]
+    fn rope_and_store_kv_equals_its_three_passes() {
+        use crate::kernels::rope::{RopeConfig, RopeLayout, rope};
+        let ctx = gpu();
+        let mut rng = Rng::new("rope_kv");
+        let (num_blocks, block_size, n_kv_heads, q_heads) = (3, 16, 3, 7);
+        for (layout, head_dim, rotated_dims) in [
+            (RopeLayout::Interleaved, 64, 64),
+            (RopeLayout::NeoX, 80, 80),
+            (RopeLayout::NeoX, 80, 32),
+            (RopeLayout::Interleaved, 12, 8),
+        ] {
+            let rotary = Rope::new(
+                ctx,
+                &RopeConfig {
+                    head_dim,
+                    rotated_dims,
+                    base: 10000.0,
+                    freq_scale: 1.0,
+                    layout,
+                    freq_factors: None,
+                },
+            )
+            .unwrap();
+            let row = n_kv_heads * head_dim;
+            let n_slots = num_blocks * block_size;
+            let mut slots: Vec<u32> = (0..n_slots as u32).rev().step_by(3).collect();
+            slots.insert(2, u32::MAX);
+            let n_tokens = slots.len();
+            let positions: Vec<u32> = (0..n_tokens as u32).map(|t| 3 * t + 1000).collect();
+            let q = rng.f32s(n_tokens * q_heads * head_dim, -1.0, 1.0);
+            let k = rng.f32s(n_tokens * row, -1.0, 1.0);
+            let v = rng.f32s(n_tokens * row, -1.0, 1.0);
+            let before = rng.f32s(n_slots * row, -1.0, 1.0);
+            let shape = [num_blocks, block_size, n_kv_heads, head_dim];
+            let run = |fused: bool| {
+                let q = Tensor::from_slice(ctx, "q", &[n_tokens, q_heads * head_dim], &q).unwrap();
+                let k = Tensor::from_slice(ctx, "k", &[n_tokens, row], &k).unwrap();
+                let v = Tensor::from_slice(ctx, "v", &[n_tokens, row], &v).unwrap();
+                let positions = Tensor::from_slice(ctx, "positions", &[n_tokens], &positions).unwrap();
+                let slots = Tensor::from_slice(ctx, "slots", &[n_tokens], &slots).unwrap();
+                let k_cache = Tensor::from_slice(ctx, "k_cache", &shape, &before).unwrap();
+                let v_cache = Tensor::from_slice(ctx, "v_cache", &shape, &before).unwrap();
+                let cache = KvCacheLayer { k: &k_cache, v: &v_cache };
+                let mut encoder = ctx.encoder("test");
+                if fused {
+                    rope_and_store_kv(ctx, &mut encoder, &rotary, &q, &k, &v, &positions, &cache, &slots)
+                        .unwrap();
+                } else {
+                    rope(ctx, &mut encoder, &rotary, &q, &positions).unwrap();
+                    rope(ctx, &mut encoder, &rotary, &k, &positions).unwrap();
+                    store_kv(ctx, &mut encoder, &cache, &k, &v, &slots).unwrap();
+                }
+                ctx.submit(encoder).unwrap();
+                let read = |t: &Tensor| pollster::block_on(t.to_f32(ctx)).unwrap();
+                (read(&q), read(&k_cache), read(&v_cache))
+            };
+            let (fused, separate) = (run(true), run(false));
+            let what = format!("{layout:?}, {rotated_dims} of {head_dim} dims rotated");
+            assert_ne!(separate.0, q, "{what}: the rotation changes q");
+            assert_eq!(fused.0, separate.0, "{what}: q");
+            assert_eq!(fused.1, separate.1, "{what}: K cache");
+            assert_eq!(fused.2, separate.2, "{what}: V cache");
+        }
+    }
+
     #[test]
     fn store_kv_writes_shuffled_slots_and_nothing_else() {
         let ctx = gpu();
@@ -971,8 +1154,10 @@ mod tests {
         validate_wgsl(&KernelSource::new("kv_store", &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u")));
         for head_dim in (4..=MAX_HEAD_DIM).step_by(4) {
             let decode_variants = (1..=DECODE_MAX_GROUP_HEADS).map(|heads| decode_source(head_dim, heads));
-            let serial = decode_serial_source(head_dim);
-            for source in decode_variants.chain([serial, prefill_source(head_dim)]) {
+            let serial = (1..=DECODE_MAX_GROUP_HEADS)
+                .filter(|&heads| serial_group_heads(heads, head_dim) == heads)
+                .map(|heads| decode_serial_source(head_dim, heads));
+            for source in decode_variants.chain(serial).chain([prefill_source(head_dim)]) {
                 validate_wgsl(&source);
                 let bytes = workgroup_bytes(&source);
                 assert!(bytes <= WORKGROUP_BYTES, "{} {:?}: {bytes} bytes", source.entry, source.defines);

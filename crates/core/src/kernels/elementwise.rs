@@ -27,6 +27,8 @@ use crate::kernels::ensure;
 use crate::kernels::norm::{REDUCTION_WG_SIZE, reduction_rows_per_workgroup};
 
 const ELEMENTWISE_SOURCE: &str = include_str!("../../../../shaders/elementwise.wgsl");
+/// The activation functions, shared with the matmul kernel's gated input.
+pub(crate) const ACTIVATION_SOURCE: &str = include_str!("../../../../shaders/activation.wgsl");
 const SOFTMAX_SOURCE: &str = include_str!("../../../../shaders/softmax.wgsl");
 const ELEMENTWISE_WG_SIZE: u32 = 256;
 
@@ -155,7 +157,7 @@ pub fn scale_in_place(
 }
 
 fn elementwise_source(entry: &'static str, binary: bool, in_place: bool) -> KernelSource {
-    KernelSource::new(entry, &[ELEMENTWISE_SOURCE])
+    KernelSource::new(entry, &[ACTIVATION_SOURCE, ELEMENTWISE_SOURCE])
         .define("WG_SIZE", format!("{ELEMENTWISE_WG_SIZE}u"))
         .define("BINARY", binary)
         .define("IN_PLACE", in_place)

@@ -4,6 +4,7 @@
 
 use crate::Result;
 use crate::gpu::{GpuContext, KernelSource, QuantMatrix, Tensor};
+use crate::kernels::elementwise::{ACTIVATION_SOURCE, GatedActivation};
 use crate::kernels::ensure;
 use crate::quant::QuantType;
 
@@ -21,7 +22,9 @@ struct Params {
     row_words: u32,
     blocks: u32,
     out_rows: u32,
-    _pad: u32,
+    second_row: u32,
+    third_row: u32,
+    _pad: [u32; 2],
 }
 
 /// How the partial sums of one row's invocations are added.
@@ -124,10 +127,23 @@ impl Variant {
         self.wg_size / self.threads_per_row * self.row_tile
     }
 
-    fn source(self, quant: QuantType) -> KernelSource {
+    fn source(self, quant: QuantType, input: Input, outputs: Outputs) -> KernelSource {
         let mut parts = QuantMatrix::decoder_parts(quant);
+        let gate = match input {
+            Input::Plain(_) => None,
+            Input::Gated(gated) => Some(gated.activation),
+        };
+        if gate.is_some() {
+            parts.push(ACTIVATION_SOURCE);
+        }
         parts.push(SOURCE);
         KernelSource::new("matmul", &parts)
+            .define("GATED", gate.is_some())
+            .define("GATE_SILU", gate == Some(GatedActivation::Silu))
+            .define("GATE_GELU", gate == Some(GatedActivation::GeluTanh))
+            .define("SPLIT", matches!(outputs, Outputs::Split(..)))
+            .define("THIRD", matches!(outputs, Outputs::Split(_, _, Some(_))))
+            .define("ADD_TO_OUTPUT", matches!(outputs, Outputs::AddTo(_)))
             .define("WG_SIZE", format!("{}u", self.wg_size))
             .define("THREADS_PER_ROW", format!("{}u", self.threads_per_row))
             .define("ROW_TILE", format!("{}u", self.row_tile))
@@ -135,6 +151,56 @@ impl Variant {
             .define("SUBGROUP_REDUCE", self.reduce == Reduce::Subgroup)
             .define("SHARED_REDUCE", self.reduce == Reduce::Shared)
             .define("X_BROADCAST", self.x_broadcast)
+            .define("WIDE", self.threads_per_row == 1)
+    }
+}
+
+/// The activations of a product whose input is a gated feed-forward layer's: `activation(gate)
+/// * up`, element by element, computed as the kernel loads them.
+#[derive(Clone, Copy)]
+pub struct GatedInput<'a> {
+    /// The activation applied to the gate.
+    pub activation: GatedActivation,
+    /// The gate projection, `[batch, cols]`.
+    pub gate: &'a Tensor,
+    /// The up projection, the same shape.
+    pub up: &'a Tensor,
+}
+
+/// What a product reads as its activations.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Plain(&'a Tensor),
+    Gated(GatedInput<'a>),
+}
+
+impl<'a> Input<'a> {
+    /// The tensor whose shape is the activations', bound as `x`.
+    fn x(self) -> &'a Tensor {
+        match self {
+            Input::Plain(x) => x,
+            Input::Gated(gated) => gated.gate,
+        }
+    }
+}
+
+/// Where the rows of a product go.
+#[derive(Clone, Copy)]
+enum Outputs<'a> {
+    /// Every row to one tensor, overwriting it.
+    One(&'a Tensor),
+    /// Every row added to what one tensor holds.
+    AddTo(&'a Tensor),
+    /// The rows of each part of a stacked weight to their own tensor: two or three.
+    Split(&'a Tensor, &'a Tensor, Option<&'a Tensor>),
+}
+
+impl<'a> Outputs<'a> {
+    fn tensors(self) -> Vec<&'a Tensor> {
+        match self {
+            Outputs::One(y) | Outputs::AddTo(y) => vec![y],
+            Outputs::Split(a, b, c) => [Some(a), Some(b), c].into_iter().flatten().collect(),
+        }
     }
 }
 
@@ -149,30 +215,107 @@ pub fn matmul(
     x: &Tensor,
     y: &Tensor,
 ) -> Result<()> {
-    let batch = batch_rows(weight, x, y)?;
-    record(ctx, encoder, weight, x, y, batch, Variant::choose(ctx, batch))
+    run(ctx, encoder, weight, Input::Plain(x), Outputs::One(y), None)
 }
 
-/// Checks that x and y fit the weight; returns the number of batch rows.
-fn batch_rows(weight: &QuantMatrix, x: &Tensor, y: &Tensor) -> Result<usize> {
+/// Records `y[b, r] += Σ_k weight[r, k] · x[b, k]`: [`matmul`] with its products added to y, as
+/// a residual connection does, in the same pass.
+pub fn matmul_add(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    weight: &QuantMatrix,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<()> {
+    run(ctx, encoder, weight, Input::Plain(x), Outputs::AddTo(y), None)
+}
+
+/// Records `y[b, r] = Σ_k weight[r, k] · activation(gate[b, k]) · up[b, k]`: a feed-forward
+/// layer's down projection with its gated activation computed in the same pass.
+pub fn matmul_gated(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    weight: &QuantMatrix,
+    input: &GatedInput<'_>,
+    y: &Tensor,
+) -> Result<()> {
+    run(ctx, encoder, weight, Input::Gated(*input), Outputs::One(y), None)
+}
+
+/// [`matmul_gated`] with its products added to y (the residual connection), in the same pass.
+pub fn matmul_gated_add(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    weight: &QuantMatrix,
+    input: &GatedInput<'_>,
+    y: &Tensor,
+) -> Result<()> {
+    run(ctx, encoder, weight, Input::Gated(*input), Outputs::AddTo(y), None)
+}
+
+/// Records the products of a weight stacked from two or three matrices
+/// ([`QuantMatrix::upload_stacked`]) with the same x in one pass, the rows of each part into
+/// its own tensor of `outputs` (in order; each `[batch, that part's rows]`).
+pub fn matmul_split(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    weight: &QuantMatrix,
+    x: &Tensor,
+    outputs: &[&Tensor],
+) -> Result<()> {
+    let outputs = match *outputs {
+        [a, b] => Outputs::Split(a, b, None),
+        [a, b, c] => Outputs::Split(a, b, Some(c)),
+        _ => {
+            return Err(crate::Error::KernelArguments {
+                kernel: "matmul",
+                reason: format!("a split product has 2 or 3 outputs, not {}", outputs.len()),
+            });
+        }
+    };
+    run(ctx, encoder, weight, Input::Plain(x), outputs, None)
+}
+
+/// Checks the arguments and records the product through `variant`, or the device's choice.
+fn run(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    weight: &QuantMatrix,
+    input: Input,
+    outputs: Outputs,
+    variant: Option<Variant>,
+) -> Result<()> {
+    let batch = batch_rows(weight, input, outputs)?;
+    let variant = variant.unwrap_or_else(|| Variant::choose(ctx, batch));
+    record(ctx, encoder, weight, input, outputs, batch, variant)
+}
+
+/// Checks that x and the outputs fit the weight; returns the number of batch rows.
+fn batch_rows(weight: &QuantMatrix, input: Input, outputs: Outputs) -> Result<usize> {
     let (rows, cols) = (weight.rows(), weight.cols());
+    let x = input.x();
+    if let Input::Gated(gated) = input {
+        ensure("matmul", gated.up.shape() == gated.gate.shape(), || {
+            format!("gate {:?} and up {:?} must have the same shape", gated.gate.shape(), gated.up.shape())
+        })?;
+    }
     let batch = x.len() / cols;
-    ensure(
-        "matmul",
-        x.shape().last() == Some(&cols)
-            && y.shape().last() == Some(&rows)
-            && y.len() == batch * rows
-            && batch > 0,
-        || {
-            format!(
-                "weight '{}' is {rows} x {cols}, so x must be [batch, {cols}] and y [batch, {rows}] with \
-                 batch >= 1; got x {:?} and y {:?}",
-                weight.name(),
-                x.shape(),
-                y.shape()
-            )
-        },
-    )?;
+    let tensors = outputs.tensors();
+    let widths: Vec<usize> = match outputs {
+        Outputs::Split(..) => weight.part_rows().to_vec(),
+        Outputs::One(_) | Outputs::AddTo(_) => vec![rows],
+    };
+    let fits = tensors.len() == widths.len()
+        && tensors.iter().zip(&widths).all(|(y, &w)| y.shape().last() == Some(&w) && y.len() == batch * w);
+    ensure("matmul", x.shape().last() == Some(&cols) && batch > 0 && fits, || {
+        format!(
+            "weight '{}' is {rows} x {cols} (parts of {widths:?} rows), so x must be [batch, {cols}] \
+             and the outputs [batch, rows of each part] with batch >= 1; got x {:?} and outputs {:?}",
+            weight.name(),
+            x.shape(),
+            tensors.iter().map(|y| y.shape()).collect::<Vec<_>>()
+        )
+    })?;
     Ok(batch)
 }
 
@@ -180,8 +323,8 @@ fn record(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
     weight: &QuantMatrix,
-    x: &Tensor,
-    y: &Tensor,
+    input: Input,
+    outputs: Outputs,
     batch: usize,
     variant: Variant,
 ) -> Result<()> {
@@ -192,7 +335,12 @@ fn record(
             "batch {batch} needs {batch_tiles} workgroups in z, more than the device's {max_groups}: split it"
         )
     })?;
-    let source = variant.source(weight.quant());
+    let source = variant.source(weight.quant(), input, outputs);
+    let tensors = outputs.tensors();
+    let (second_row, third_row) = match weight.part_rows() {
+        [a, b, ..] if tensors.len() > 1 => (*a, a + b),
+        _ => (weight.rows(), weight.rows()),
+    };
     for chunk in weight.chunks() {
         let params = ctx.uniform(&Params {
             rows: chunk.rows as u32,
@@ -202,15 +350,23 @@ fn record(
             row_words: weight.row_words() as u32,
             blocks: (weight.cols() / weight.quant().block_elements()) as u32,
             out_rows: weight.rows() as u32,
-            _pad: 0,
+            second_row: second_row as u32,
+            third_row: third_row as u32,
+            _pad: [0; 2],
         });
         let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
-        ctx.dispatch(
-            encoder,
-            &source,
-            &[chunk.buffer.as_entire_binding(), x.binding(), y.binding(), params.as_entire_binding()],
-            [gx, gy, batch_tiles as u32],
-        )?;
+        let mut bindings = vec![
+            chunk.buffer.as_entire_binding(),
+            input.x().binding(),
+            tensors[0].binding(),
+            params.as_entire_binding(),
+        ];
+        // Bindings 4 and 5: the split outputs, or the up projection of a gated input.
+        bindings.extend(tensors[1..].iter().map(|y| y.binding()));
+        if let Input::Gated(gated) = input {
+            bindings.push(gated.up.binding());
+        }
+        ctx.dispatch(encoder, &source, &bindings, [gx, gy, batch_tiles as u32])?;
     }
     Ok(())
 }
@@ -370,10 +526,7 @@ mod tests {
         let y_gpu = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
         y_gpu.fill_bits(ctx, POISON);
         let mut encoder = ctx.encoder("test");
-        match variant {
-            Some(v) => record(ctx, &mut encoder, &weight, &x_gpu, &y_gpu, batch, v).unwrap(),
-            None => matmul(ctx, &mut encoder, &weight, &x_gpu, &y_gpu).unwrap(),
-        }
+        run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), Outputs::One(&y_gpu), variant).unwrap();
         ctx.submit(encoder).unwrap();
         let got = pollster::block_on(y_gpu.to_f32(ctx)).unwrap();
         let what =
@@ -455,6 +608,95 @@ mod tests {
         }
     }
 
+    /// Stacked weights of two and three parts, split into chunks that straddle the parts, each
+    /// part's rows in its own output; and products added to what the output held.
+    #[test]
+    fn split_and_added_outputs_match_reference() {
+        let mut rng = Rng::new("matmul split outputs");
+        let ctx = gpu();
+        for quant in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q6K] {
+            let cols = test_cols(quant);
+            for part_rows in [&[5usize, 19][..], &[33, 7, 7]] {
+                for (batch, max_chunk_bytes) in
+                    [(1, u64::MAX), (17, 9 * quant.row_bytes(cols).unwrap() as u64)]
+                {
+                    let parts: Vec<Vec<u8>> =
+                        part_rows.iter().map(|&r| random_rows(quant, r, cols, &mut rng)).collect();
+                    let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                    let weight =
+                        QuantMatrix::upload_parts(ctx, "w", quant, cols, &slices, max_chunk_bytes).unwrap();
+                    let x = rng.f32s(batch * cols, -1.0, 1.0);
+                    let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+                    let ys: Vec<Tensor> =
+                        part_rows.iter().map(|&r| Tensor::empty(ctx, "y", &[batch, r]).unwrap()).collect();
+                    ys.iter().for_each(|y| y.fill_bits(ctx, POISON));
+                    let mut encoder = ctx.encoder("test");
+                    matmul_split(ctx, &mut encoder, &weight, &x_gpu, &ys.iter().collect::<Vec<_>>()).unwrap();
+                    ctx.submit(encoder).unwrap();
+                    for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
+                        let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                        let (expected, magnitude) = reference(quant, part_rows[p], cols, bytes, &x);
+                        let what = format!(
+                            "{quant} parts {part_rows:?} part {p}, batch {batch}, {} chunks",
+                            weight.chunk_count()
+                        );
+                        assert_dot_close(&what, &got, &expected, &magnitude);
+                    }
+                }
+            }
+            // y = (activation(gate) * up)·Wᵀ, for both activations.
+            let (rows, batch) = (37, 6);
+            let bytes = random_rows(quant, rows, cols, &mut rng);
+            let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+            for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
+                let gate = rng.f32s(batch * cols, -6.0, 6.0);
+                let up = rng.f32s(batch * cols, -1.0, 1.0);
+                let x: Vec<f32> = gate
+                    .iter()
+                    .zip(&up)
+                    .map(|(&g, &u)| {
+                        let g = f64::from(g);
+                        let activated = match activation {
+                            GatedActivation::Silu => g / (1.0 + (-g).exp()),
+                            GatedActivation::GeluTanh => {
+                                0.5 * g * (1.0 + (0.7978845608028654 * (g + 0.044715 * g * g * g)).tanh())
+                            }
+                        };
+                        (activated * f64::from(u)) as f32
+                    })
+                    .collect();
+                let gate_gpu = Tensor::from_slice(ctx, "gate", &[batch, cols], &gate).unwrap();
+                let up_gpu = Tensor::from_slice(ctx, "up", &[batch, cols], &up).unwrap();
+                let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+                y.fill_bits(ctx, POISON);
+                let mut encoder = ctx.encoder("test");
+                let input = GatedInput { activation, gate: &gate_gpu, up: &up_gpu };
+                matmul_gated(ctx, &mut encoder, &weight, &input, &y).unwrap();
+                ctx.submit(encoder).unwrap();
+                let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                let (expected, magnitude) = reference(quant, rows, cols, &bytes, &x);
+                assert_dot_close(&format!("{quant} gated {activation:?}"), &got, &expected, &magnitude);
+            }
+
+            // y += x·Wᵀ.
+            let bytes = random_rows(quant, rows, cols, &mut rng);
+            let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+            let x = rng.f32s(batch * cols, -1.0, 1.0);
+            let before = rng.f32s(batch * rows, -4.0, 4.0);
+            let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+            let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
+            let mut encoder = ctx.encoder("test");
+            matmul_add(ctx, &mut encoder, &weight, &x_gpu, &y).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+            let (product, magnitude) = reference(quant, rows, cols, &bytes, &x);
+            let expected: Vec<f64> = product.iter().zip(&before).map(|(p, &b)| p + f64::from(b)).collect();
+            let magnitude: Vec<f64> =
+                magnitude.iter().zip(&before).map(|(m, &b)| m + f64::from(b).abs()).collect();
+            assert_dot_close(&format!("{quant} added"), &got, &expected, &magnitude);
+        }
+    }
+
     #[test]
     fn mismatched_shapes_are_errors() {
         let ctx = gpu();
@@ -470,10 +712,32 @@ mod tests {
         let x = Tensor::empty(ctx, "x", &[3, 32]).unwrap();
         let y = Tensor::empty(ctx, "y", &[3, 7]).unwrap();
         assert!(matmul(ctx, &mut ctx.encoder("test"), &weight, &x, &y).is_err());
+        // Split outputs must match the stacked parts, in number and in rows.
+        let stacked = QuantMatrix::upload_stacked(
+            ctx,
+            "qkv",
+            QuantType::Q8_0,
+            64,
+            &[&bytes[..2 * 68], &bytes[2 * 68..]],
+        )
+        .unwrap();
+        let x = Tensor::empty(ctx, "x", &[3, 64]).unwrap();
+        let (y2, y5, y7) = (
+            Tensor::empty(ctx, "a", &[3, 2]).unwrap(),
+            Tensor::empty(ctx, "b", &[3, 5]).unwrap(),
+            Tensor::empty(ctx, "c", &[3, 7]).unwrap(),
+        );
+        assert!(matmul_split(ctx, &mut ctx.encoder("test"), &stacked, &x, &[&y2, &y5]).is_ok());
+        for outputs in [&[&y5, &y2][..], &[&y2, &y5, &y5], &[&y7]] {
+            let err = matmul_split(ctx, &mut ctx.encoder("test"), &stacked, &x, outputs).unwrap_err();
+            assert!(err.to_string().contains("'qkv'") || err.to_string().contains("2 or 3"), "{err}");
+        }
+        assert!(matmul_split(ctx, &mut ctx.encoder("test"), &weight, &x, &[&y2, &y5]).is_err());
     }
 
     #[test]
     fn every_variant_validates() {
+        let y = Tensor::empty(gpu(), "y", &[1, 8]).unwrap();
         for quant in QuantType::ALL {
             let mut variants = FORCED.to_vec();
             for batch_tile in [1, 4, 8, 16] {
@@ -509,7 +773,14 @@ mod tests {
                 });
             }
             for variant in variants {
-                validate_wgsl(&variant.source(quant));
+                let plain = Input::Plain(&y);
+                validate_wgsl(&variant.source(quant, plain, Outputs::One(&y)));
+                validate_wgsl(&variant.source(quant, plain, Outputs::Split(&y, &y, None)));
+                validate_wgsl(&variant.source(quant, plain, Outputs::Split(&y, &y, Some(&y))));
+                for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
+                    let gated = Input::Gated(GatedInput { activation, gate: &y, up: &y });
+                    validate_wgsl(&variant.source(quant, gated, Outputs::AddTo(&y)));
+                }
             }
         }
     }
@@ -535,7 +806,16 @@ mod tests {
                 let run = |reps: usize| {
                     let mut encoder = ctx.encoder("timing");
                     for _ in 0..reps {
-                        record(ctx, &mut encoder, &weight, &x, &y, batch, variant).unwrap();
+                        record(
+                            ctx,
+                            &mut encoder,
+                            &weight,
+                            Input::Plain(&x),
+                            Outputs::One(&y),
+                            batch,
+                            variant,
+                        )
+                        .unwrap();
                     }
                     ctx.submit(encoder).unwrap();
                     pollster::block_on(y.to_f32(ctx)).unwrap();

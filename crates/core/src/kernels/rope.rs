@@ -36,6 +36,7 @@ use crate::Result;
 use crate::gpu::{GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
+const COMMON: &str = include_str!("../../../../shaders/rope_common.wgsl");
 const SOURCE: &str = include_str!("../../../../shaders/rope.wgsl");
 const WG_SIZE: u32 = 64;
 
@@ -87,6 +88,16 @@ struct Params {
 }
 
 impl Rope {
+    /// The length of the heads this rope rotates.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim as usize
+    }
+
+    /// Each rotated pair's fraction of a turn per position (see rope_common.wgsl).
+    pub(crate) fn turns(&self) -> &Tensor {
+        &self.turns
+    }
+
     /// Checks `config` and uploads its frequencies.
     pub fn new(ctx: &GpuContext, config: &RopeConfig<'_>) -> Result<Self> {
         let RopeConfig { head_dim, rotated_dims, base, freq_scale, layout, freq_factors } = *config;
@@ -132,8 +143,13 @@ impl Rope {
     }
 
     fn source(&self) -> KernelSource {
-        KernelSource::new("rope", &[SOURCE])
-            .define("WG_SIZE", format!("{WG_SIZE}u"))
+        self.kernel("rope", SOURCE).define("WG_SIZE", format!("{WG_SIZE}u"))
+    }
+
+    /// A kernel that rotates as this does: `file` composed after the shared rotation, with
+    /// this rope's constants defined.
+    pub(crate) fn kernel(&self, entry: &'static str, file: &'static str) -> KernelSource {
+        KernelSource::new(entry, &[COMMON, file])
             .define("HEAD_DIM", format!("{}u", self.head_dim))
             .define("ROT_PAIRS", format!("{}u", self.rot_pairs))
             .define("NEOX", self.layout == RopeLayout::NeoX)

@@ -20,31 +20,30 @@
 
 use crate::Result;
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
-use crate::kernels::attention::{AttentionOptions, store_kv};
-use crate::kernels::elementwise::{GatedActivation, add_in_place, gated_activation_in_place, scale_in_place};
+use crate::kernels::attention::{AttentionOptions, rope_and_store_kv};
+use crate::kernels::elementwise::{GatedActivation, add_in_place, scale_in_place};
 use crate::kernels::embedding::embedding;
-use crate::kernels::matmul::matmul;
+use crate::kernels::matmul::{GatedInput, matmul, matmul_gated};
 use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place};
-use crate::kernels::rope::{Rope, RopeConfig, rope};
+use crate::kernels::rope::{Rope, RopeConfig};
 use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
 use crate::model::config::{ModelConfig, RopeSettings};
-use crate::model::weights::WeightLoader;
+use crate::model::weights::{Stacked, WeightLoader};
 
 struct Layer {
     attn_norm: Tensor,
-    attn_q: QuantMatrix,
-    attn_k: QuantMatrix,
-    attn_v: QuantMatrix,
+    /// The query, key and value projections.
+    attn_qkv: Stacked,
     /// Per-head norms of the queries and keys, `[head_dim]` each.
     attn_q_norm: Tensor,
     attn_k_norm: Tensor,
     attn_output: QuantMatrix,
     post_attention_norm: Tensor,
     ffn_norm: Tensor,
-    ffn_gate: QuantMatrix,
-    ffn_up: QuantMatrix,
+    /// The gate and up projections.
+    ffn_gate_up: Stacked,
     ffn_down: QuantMatrix,
     post_ffw_norm: Tensor,
     /// Sliding-window (local) attention, or global.
@@ -73,16 +72,21 @@ impl Gemma3 {
                 let name = |suffix: &str| format!("blk.{i}.{suffix}");
                 Ok(Layer {
                     attn_norm: weights.vector(&name("attn_norm.weight"), hidden)?,
-                    attn_q: weights.matrix(&name("attn_q.weight"), q_width, hidden)?,
-                    attn_k: weights.matrix(&name("attn_k.weight"), kv_width, hidden)?,
-                    attn_v: weights.matrix(&name("attn_v.weight"), kv_width, hidden)?,
+                    attn_qkv: weights.stacked(
+                        &[
+                            (name("attn_q.weight"), q_width),
+                            (name("attn_k.weight"), kv_width),
+                            (name("attn_v.weight"), kv_width),
+                        ],
+                        hidden,
+                    )?,
                     attn_q_norm: weights.vector(&name("attn_q_norm.weight"), head_dim)?,
                     attn_k_norm: weights.vector(&name("attn_k_norm.weight"), head_dim)?,
                     attn_output: weights.matrix(&name("attn_output.weight"), hidden, q_width)?,
                     post_attention_norm: weights.vector(&name("post_attention_norm.weight"), hidden)?,
                     ffn_norm: weights.vector(&name("ffn_norm.weight"), hidden)?,
-                    ffn_gate: weights.matrix(&name("ffn_gate.weight"), ffn, hidden)?,
-                    ffn_up: weights.matrix(&name("ffn_up.weight"), ffn, hidden)?,
+                    ffn_gate_up: weights
+                        .stacked(&[(name("ffn_gate.weight"), ffn), (name("ffn_up.weight"), ffn)], hidden)?,
                     ffn_down: weights.matrix(&name("ffn_down.weight"), hidden, ffn)?,
                     post_ffw_norm: weights.vector(&name("post_ffw_norm.weight"), hidden)?,
                     local: config.is_sliding_window_layer(i),
@@ -143,15 +147,11 @@ impl Gemma3 {
 
             // Self-attention, normalised before and after.
             rms_norm(ctx, encoder, &self.norm(&layer.attn_norm), &x, &s.normed)?;
-            matmul(ctx, encoder, &layer.attn_q, &s.normed, &s.q)?;
-            matmul(ctx, encoder, &layer.attn_k, &s.normed, &s.k)?;
-            matmul(ctx, encoder, &layer.attn_v, &s.normed, &s.v)?;
+            layer.attn_qkv.forward(ctx, encoder, &s.normed, &[&s.q, &s.k, &s.v])?;
             rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_q_norm), &s.q)?;
             rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_k_norm), &s.k)?;
-            rope(ctx, encoder, rotary, &s.q, &step.positions)?;
-            rope(ctx, encoder, rotary, &s.k, &step.positions)?;
             let kv = cache.layer(i);
-            store_kv(ctx, encoder, &kv, &s.k, &s.v, &step.slots)?;
+            rope_and_store_kv(ctx, encoder, rotary, &s.q, &s.k, &s.v, &step.positions, &kv, &step.slots)?;
             step.attention(ctx, encoder, &s.q, &kv, attention, &s.attention)?;
             matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
             rms_norm_in_place(ctx, encoder, &self.norm(&layer.post_attention_norm), &s.projected)?;
@@ -159,10 +159,9 @@ impl Gemma3 {
 
             // Feed-forward (GeGLU), normalised before and after.
             rms_norm(ctx, encoder, &self.norm(&layer.ffn_norm), &x, &s.normed)?;
-            matmul(ctx, encoder, &layer.ffn_gate, &s.normed, &s.gate)?;
-            matmul(ctx, encoder, &layer.ffn_up, &s.normed, &s.up)?;
-            gated_activation_in_place(ctx, encoder, GatedActivation::GeluTanh, &s.gate, &s.up)?;
-            matmul(ctx, encoder, &layer.ffn_down, &s.gate, &s.projected)?;
+            layer.ffn_gate_up.forward(ctx, encoder, &s.normed, &[&s.gate, &s.up])?;
+            let gated = GatedInput { activation: GatedActivation::GeluTanh, gate: &s.gate, up: &s.up };
+            matmul_gated(ctx, encoder, &layer.ffn_down, &gated, &s.projected)?;
             rms_norm_in_place(ctx, encoder, &self.norm(&layer.post_ffw_norm), &s.projected)?;
             add_in_place(ctx, encoder, &x, &s.projected)?;
         }

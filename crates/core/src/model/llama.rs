@@ -5,85 +5,46 @@
 //! x = embed(tokens)
 //! per layer:
 //!     h = rms_norm(x)
-//!     q, k, v = h·Wqᵀ (+ bq), h·Wkᵀ (+ bk), h·Wvᵀ (+ bv)
+//!     q, k, v = h·Wqᵀ (+ bq), h·Wkᵀ (+ bk), h·Wvᵀ (+ bv)      (one pass where the types agree)
 //!     q, k = rms_norm per head (qwen3)
-//!     q, k = rope(q), rope(k)
-//!     cache[slots] = k, v
+//!     q, k = rope(q), rope(k);  cache[slots] = k, v            (one pass)
 //!     x += attention(q, cache)·Woᵀ
 //!     h = rms_norm(x)
 //!     x += (silu(h·Wgateᵀ) * h·Wupᵀ)·Wdownᵀ
 //! logits = rms_norm(x)·Woutputᵀ       (Woutput = the embedding when the file has none)
 //! ```
+//!
+//! Dispatches a layer (llama, decode): the norm, q/k/v in one stacked product, rope with the
+//! cache store, attention, the output projection adding into x, the norm, gate/up in one
+//! product, and the down projection reading silu(gate) * up and adding into x: 8.
 
 use crate::Result;
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
-use crate::kernels::attention::{AttentionOptions, store_kv};
-use crate::kernels::elementwise::{
-    GatedActivation, add_bias_in_place, add_in_place, gated_activation_in_place,
-};
+use crate::kernels::attention::{AttentionOptions, rope_and_store_kv};
+use crate::kernels::elementwise::{GatedActivation, add_bias_in_place};
 use crate::kernels::embedding::embedding;
-use crate::kernels::matmul::matmul;
+use crate::kernels::matmul::{GatedInput, matmul_add, matmul_gated_add};
 use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place};
-use crate::kernels::rope::{Rope, RopeConfig, rope};
+use crate::kernels::rope::{Rope, RopeConfig};
 use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
 use crate::model::config::{Architecture, ModelConfig};
-use crate::model::weights::WeightLoader;
-
-/// A linear projection, with a bias where the model has one.
-struct Projection {
-    weight: QuantMatrix,
-    bias: Option<Tensor>,
-}
-
-impl Projection {
-    /// `name.weight` as a `rows` × `cols` matrix, and `name.bias` if the file has it (or must
-    /// have it: `bias_required`).
-    fn load(
-        weights: &WeightLoader<'_>,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        bias_required: bool,
-    ) -> Result<Self> {
-        let bias_name = format!("{name}.bias");
-        let bias = if bias_required {
-            Some(weights.vector(&bias_name, rows)?)
-        } else {
-            weights.optional_vector(&bias_name, rows)?
-        };
-        Ok(Projection { weight: weights.matrix(&format!("{name}.weight"), rows, cols)?, bias })
-    }
-
-    /// Records `out = x·Wᵀ + b`.
-    fn forward(
-        &self,
-        ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
-        x: &Tensor,
-        out: &Tensor,
-    ) -> Result<()> {
-        matmul(ctx, encoder, &self.weight, x, out)?;
-        match &self.bias {
-            Some(bias) => add_bias_in_place(ctx, encoder, out, bias),
-            None => Ok(()),
-        }
-    }
-}
+use crate::model::weights::{Stacked, WeightLoader};
 
 struct Layer {
     attn_norm: Tensor,
-    q: Projection,
-    k: Projection,
-    v: Projection,
+    /// The query, key and value projections.
+    qkv: Stacked,
+    /// Qwen 2's biases of the query, key and value projections.
+    qkv_bias: Option<[Tensor; 3]>,
     /// Qwen 3's per-head norms of the queries and keys, `[head_dim]` each.
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     attn_output: QuantMatrix,
     ffn_norm: Tensor,
-    ffn_gate: QuantMatrix,
-    ffn_up: QuantMatrix,
+    /// The gate and up projections.
+    ffn_gate_up: Stacked,
     ffn_down: QuantMatrix,
 }
 
@@ -111,17 +72,25 @@ impl Llama {
                 let head_norm = |suffix: &str| -> Result<Option<Tensor>> {
                     head_norms.then(|| weights.vector(&name(suffix), head_dim)).transpose()
                 };
+                let qkv = [("attn_q", q_width), ("attn_k", kv_width), ("attn_v", kv_width)];
+                let bias = |(projection, rows): (&str, usize)| {
+                    weights.vector(&name(&format!("{projection}.bias")), rows)
+                };
                 Ok(Layer {
                     attn_norm: weights.vector(&name("attn_norm.weight"), hidden)?,
-                    q: Projection::load(weights, &name("attn_q"), q_width, hidden, qkv_bias)?,
-                    k: Projection::load(weights, &name("attn_k"), kv_width, hidden, qkv_bias)?,
-                    v: Projection::load(weights, &name("attn_v"), kv_width, hidden, qkv_bias)?,
+                    qkv: weights
+                        .stacked(&qkv.map(|(p, rows)| (name(&format!("{p}.weight")), rows)), hidden)?,
+                    qkv_bias: if qkv_bias {
+                        Some([bias(qkv[0])?, bias(qkv[1])?, bias(qkv[2])?])
+                    } else {
+                        None
+                    },
                     q_norm: head_norm("attn_q_norm.weight")?,
                     k_norm: head_norm("attn_k_norm.weight")?,
                     attn_output: weights.matrix(&name("attn_output.weight"), hidden, q_width)?,
                     ffn_norm: weights.vector(&name("ffn_norm.weight"), hidden)?,
-                    ffn_gate: weights.matrix(&name("ffn_gate.weight"), ffn, hidden)?,
-                    ffn_up: weights.matrix(&name("ffn_up.weight"), ffn, hidden)?,
+                    ffn_gate_up: weights
+                        .stacked(&[(name("ffn_gate.weight"), ffn), (name("ffn_up.weight"), ffn)], hidden)?,
                     ffn_down: weights.matrix(&name("ffn_down.weight"), hidden, ffn)?,
                 })
             })
@@ -171,28 +140,26 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             // Self-attention.
             rms_norm(ctx, encoder, &self.norm(&layer.attn_norm), &x, &s.normed)?;
-            layer.q.forward(ctx, encoder, &s.normed, &s.q)?;
-            layer.k.forward(ctx, encoder, &s.normed, &s.k)?;
-            layer.v.forward(ctx, encoder, &s.normed, &s.v)?;
+            layer.qkv.forward(ctx, encoder, &s.normed, &[&s.q, &s.k, &s.v])?;
+            if let Some(biases) = &layer.qkv_bias {
+                for (out, bias) in [&s.q, &s.k, &s.v].into_iter().zip(biases) {
+                    add_bias_in_place(ctx, encoder, out, bias)?;
+                }
+            }
             if let (Some(q_norm), Some(k_norm)) = (&layer.q_norm, &layer.k_norm) {
                 rms_norm_in_place(ctx, encoder, &self.norm(q_norm), &s.q)?;
                 rms_norm_in_place(ctx, encoder, &self.norm(k_norm), &s.k)?;
             }
-            rope(ctx, encoder, &self.rope, &s.q, &step.positions)?;
-            rope(ctx, encoder, &self.rope, &s.k, &step.positions)?;
             let kv = cache.layer(i);
-            store_kv(ctx, encoder, &kv, &s.k, &s.v, &step.slots)?;
+            rope_and_store_kv(ctx, encoder, &self.rope, &s.q, &s.k, &s.v, &step.positions, &kv, &step.slots)?;
             step.attention(ctx, encoder, &s.q, &kv, &attention, &s.attention)?;
-            matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
-            add_in_place(ctx, encoder, &x, &s.projected)?;
+            matmul_add(ctx, encoder, &layer.attn_output, &s.attention, &x)?;
 
             // Feed-forward (SwiGLU).
             rms_norm(ctx, encoder, &self.norm(&layer.ffn_norm), &x, &s.normed)?;
-            matmul(ctx, encoder, &layer.ffn_gate, &s.normed, &s.gate)?;
-            matmul(ctx, encoder, &layer.ffn_up, &s.normed, &s.up)?;
-            gated_activation_in_place(ctx, encoder, GatedActivation::Silu, &s.gate, &s.up)?;
-            matmul(ctx, encoder, &layer.ffn_down, &s.gate, &s.projected)?;
-            add_in_place(ctx, encoder, &x, &s.projected)?;
+            layer.ffn_gate_up.forward(ctx, encoder, &s.normed, &[&s.gate, &s.up])?;
+            let gated = GatedInput { activation: GatedActivation::Silu, gate: &s.gate, up: &s.up };
+            matmul_gated_add(ctx, encoder, &layer.ffn_down, &gated, &x)?;
         }
         let lm_head = self.output.as_ref().unwrap_or(&self.token_embd);
         step.logits(ctx, encoder, &x, &self.norm(&self.output_norm), lm_head)

@@ -2,6 +2,7 @@
 
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::kernels::matmul::{matmul, matmul_split};
 use crate::quant::dequantize_row;
 use crate::{Error, Result};
 
@@ -18,6 +19,17 @@ fn tensor_error(name: &str, reason: String) -> Error {
     Error::Gguf { context: format!("tensor '{name}'"), reason }
 }
 
+/// Checks a tensor's GGUF shape against the one the model's hyper-parameters imply.
+fn check_shape(info: &TensorInfo, expected: &[usize]) -> Result<()> {
+    if info.shape() == expected {
+        return Ok(());
+    }
+    Err(tensor_error(
+        info.name(),
+        format!("has shape {:?}, but the model's hyper-parameters make it {expected:?}", info.shape()),
+    ))
+}
+
 impl WeightLoader<'_> {
     fn info(&self, name: &str) -> Result<&TensorInfo> {
         self.file
@@ -25,36 +37,53 @@ impl WeightLoader<'_> {
             .ok_or_else(|| tensor_error(name, format!("missing: a {} model needs it", self.arch)))
     }
 
-    /// Whether the file has a tensor of this name.
-    pub fn has(&self, name: &str) -> bool {
-        self.file.tensor(name).is_some()
-    }
-
     /// The weight `name` as a `rows` × `cols` matrix (GGUF shape `[cols, rows]`), quantized as
     /// in the file.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QuantMatrix> {
         let info = self.info(name)?;
-        if info.shape() != [cols, rows] {
-            return Err(tensor_error(
-                name,
-                format!(
-                    "has shape {:?}, but the model's hyper-parameters make it [{cols}, {rows}]",
-                    info.shape()
-                ),
-            ));
-        }
+        check_shape(info, &[cols, rows])?;
         QuantMatrix::upload(self.ctx, name, info.quant(), rows, cols, self.file.tensor_bytes(info))
+    }
+
+    /// Matrices of the same input, `(name, rows)` each with `cols` columns, stacked into as few
+    /// matrices as their types allow: consecutive ones of the same type share one (see
+    /// [`Stacked`]).
+    pub fn stacked(&self, names: &[(String, usize)], cols: usize) -> Result<Stacked> {
+        let mut matrices: Vec<(QuantMatrix, usize)> = Vec::new();
+        let mut group: Vec<&TensorInfo> = Vec::new();
+        for (i, (name, rows)) in names.iter().enumerate() {
+            let info = self.info(name)?;
+            check_shape(info, &[cols, *rows])?;
+            group.push(info);
+            let ends_group = names.get(i + 1).is_none_or(|(next, _)| {
+                self.file.tensor(next).is_none_or(|next| next.quant() != info.quant())
+            });
+            if ends_group {
+                let matrix = if let [one] = group[..] {
+                    QuantMatrix::upload(
+                        self.ctx,
+                        one.name(),
+                        one.quant(),
+                        *rows,
+                        cols,
+                        self.file.tensor_bytes(one),
+                    )?
+                } else {
+                    let name = group.iter().map(|t| t.name()).collect::<Vec<_>>().join(" + ");
+                    let parts: Vec<&[u8]> = group.iter().map(|t| self.file.tensor_bytes(t)).collect();
+                    QuantMatrix::upload_stacked(self.ctx, &name, info.quant(), cols, &parts)?
+                };
+                matrices.push((matrix, group.len()));
+                group.clear();
+            }
+        }
+        Ok(Stacked { matrices })
     }
 
     /// The vector `name` of `len` elements, dequantized to f32.
     pub fn vector(&self, name: &str, len: usize) -> Result<Tensor> {
         let values = self.values(self.info(name)?, len)?;
         Tensor::from_slice(self.ctx, name, &[len], &values)
-    }
-
-    /// The vector `name` if the file has it.
-    pub fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Tensor>> {
-        if self.has(name) { self.vector(name, len).map(Some) } else { Ok(None) }
     }
 
     /// The f32 values of the vector `name` on the CPU, if the file has it.
@@ -64,15 +93,45 @@ impl WeightLoader<'_> {
 
     fn values(&self, info: &TensorInfo, len: usize) -> Result<Vec<f32>> {
         let name = info.name();
-        if info.shape() != [len] {
-            return Err(tensor_error(
-                name,
-                format!("has shape {:?}, but the model's hyper-parameters make it [{len}]", info.shape()),
-            ));
-        }
+        check_shape(info, &[len])?;
         let mut values = vec![0.0f32; len];
         dequantize_row(info.quant(), self.file.tensor_bytes(info), &mut values)
             .map_err(|e| tensor_error(name, e.to_string()))?;
         Ok(values)
+    }
+}
+
+/// Projections of one input (a layer's query, key and value; its gate and up) in as few
+/// stacked matrices as their types allow, so that one matmul pass computes several: one
+/// dispatch instead of three for the attention inputs of a model quantized uniformly.
+pub(crate) struct Stacked {
+    /// Each matrix and the number of consecutive projections it holds.
+    matrices: Vec<(QuantMatrix, usize)>,
+}
+
+impl Stacked {
+    /// Records every projection of `x`, the i-th into `outputs[i]`.
+    pub fn forward(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &Tensor,
+        outputs: &[&Tensor],
+    ) -> Result<()> {
+        let mut first = 0;
+        for (matrix, count) in &self.matrices {
+            let Some(these) = outputs.get(first..first + count) else {
+                return Err(Error::KernelArguments {
+                    kernel: "matmul",
+                    reason: format!("{} outputs for stacked projections that need more", outputs.len()),
+                });
+            };
+            match these {
+                [y] => matmul(ctx, encoder, matrix, x, y)?,
+                _ => matmul_split(ctx, encoder, matrix, x, these)?,
+            }
+            first += count;
+        }
+        Ok(())
     }
 }

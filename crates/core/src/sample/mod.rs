@@ -1,12 +1,16 @@
 //! Choosing the next token from a row of logits: logit bias and repetition, frequency and
 //! presence penalties first, then greedy, or temperature with top-k, top-p and min-p filtering,
 //! from a seeded random source so a request with a seed is reproducible whatever batch it is in.
+//! A structured-output constraint (see [`crate::grammar`]) removes the tokens its grammar does
+//! not allow before any of that.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::grammar::OutputConstraint;
 use crate::kernels::sample::MAX_CANDIDATES;
 use crate::{Error, Result};
 
@@ -49,6 +53,16 @@ pub struct SamplingParams {
     pub n: usize,
     /// Added to the logit of each listed token before sampling (`-inf` bans it).
     pub logit_bias: BTreeMap<u32, f32>,
+    /// The output is JSON valid against this JSON Schema document: an object or a boolean, or
+    /// its JSON text. Separators are `", "` and `": "` and there is no other whitespace, unless
+    /// the schema sets llguidance's `x-guidance` options. At most one of `json_schema`, `regex`
+    /// and `grammar`.
+    pub json_schema: Option<serde_json::Value>,
+    /// The whole output matches this regular expression (Rust `regex` syntax, no look-around).
+    pub regex: Option<String>,
+    /// The output is a sentence of this grammar, in llguidance's Lark syntax (its `start` rule;
+    /// `%json { ... }` embeds a JSON Schema).
+    pub grammar: Option<String>,
 }
 
 impl Default for SamplingParams {
@@ -70,6 +84,9 @@ impl Default for SamplingParams {
             seed: None,
             n: 1,
             logit_bias: BTreeMap::new(),
+            json_schema: None,
+            regex: None,
+            grammar: None,
         }
     }
 }
@@ -143,7 +160,52 @@ impl SamplingParams {
                 );
             }
         }
+        self.output_constraint()?;
         Ok(())
+    }
+
+    /// The structured-output constraint, if any: an error when more than one of `json_schema`,
+    /// `regex` and `grammar` is given, or when `json_schema` is not a schema document (whether
+    /// the constraint compiles is checked by [`crate::grammar::GrammarCompiler::compile`]).
+    pub fn output_constraint(&self) -> Result<Option<OutputConstraint<'_>>> {
+        let given: Vec<&'static str> = [
+            ("json_schema", self.json_schema.is_some()),
+            ("regex", self.regex.is_some()),
+            ("grammar", self.grammar.is_some()),
+        ]
+        .iter()
+        .filter(|(_, given)| *given)
+        .map(|(field, _)| *field)
+        .collect();
+        if let [first, second, ..] = given[..] {
+            return Err(Error::InvalidParameter {
+                field: first,
+                reason: format!("{first} and {second} are both given; a request takes at most one of them"),
+            });
+        }
+        if let Some(schema) = &self.json_schema {
+            let schema = match schema {
+                serde_json::Value::String(text) => {
+                    Cow::Owned(serde_json::from_str(text).map_err(|e| Error::InvalidParameter {
+                        field: "json_schema",
+                        reason: format!("the text is not JSON: {e}"),
+                    })?)
+                }
+                value => Cow::Borrowed(value),
+            };
+            if !(schema.is_object() || schema.is_boolean()) {
+                return Err(Error::InvalidParameter {
+                    field: "json_schema",
+                    reason: "a JSON Schema is an object or a boolean".into(),
+                });
+            }
+            return Ok(Some(OutputConstraint::JsonSchema(schema)));
+        }
+        Ok(self
+            .regex
+            .as_deref()
+            .map(OutputConstraint::Regex)
+            .or(self.grammar.as_deref().map(OutputConstraint::Grammar)))
     }
 
     /// True when these parameters choose the most likely token.
@@ -157,6 +219,25 @@ impl SamplingParams {
             && self.repetition_penalty == 1.0
             && self.frequency_penalty == 0.0
             && self.presence_penalty == 0.0
+    }
+}
+
+/// The tokens a structured-output constraint allows next: bit `id % 32` of word `id / 32`
+/// (llguidance's layout); ids past the words are not allowed.
+#[derive(Clone, Copy, Debug)]
+pub struct AllowedTokens<'a> {
+    words: &'a [u32],
+}
+
+impl<'a> AllowedTokens<'a> {
+    /// The set whose bits are `words`.
+    pub fn new(words: &'a [u32]) -> Self {
+        AllowedTokens { words }
+    }
+
+    /// Whether `token` is allowed.
+    pub fn allows(&self, token: u32) -> bool {
+        self.words.get(token as usize / 32).is_some_and(|word| word >> (token % 32) & 1 == 1)
     }
 }
 
@@ -224,14 +305,31 @@ impl Sampler {
     /// the penalties. NaN logits are never chosen; a row with no finite logit left (after bias
     /// and the masking of stop tokens before `min_new_tokens`) is an error.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
+        self.sample_allowed(logits, None)
+    }
+
+    /// [`Sampler::sample`] among the tokens `allowed` only (all of them when `None`): the
+    /// others' logits are -inf before bias and penalties. An error when none of the allowed
+    /// tokens is left.
+    pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<AllowedTokens<'_>>) -> Result<u32> {
         let masks_stops = self.masks_stops();
-        let row = if self.params.leaves_logits_alone() && !masks_stops {
+        let row = if self.params.leaves_logits_alone() && !masks_stops && allowed.is_none() {
             logits
         } else {
-            self.adjust(logits, masks_stops);
+            self.adjust(logits, masks_stops, allowed);
             &self.adjusted
         };
-        let token = choose(&self.params, &mut self.rng, &mut self.candidates, row)?;
+        let token = choose(&self.params, &mut self.rng, &mut self.candidates, row).map_err(|error| {
+            if allowed.is_some() {
+                Error::Constraint(
+                    "no token the output's grammar allows is left to draw (logit_bias bans them, or they \
+                     end the output before min_new_tokens)"
+                        .into(),
+                )
+            } else {
+                error
+            }
+        })?;
         self.record(token);
         Ok(token)
     }
@@ -257,10 +355,30 @@ impl Sampler {
     /// the same token either way. `None`, with nothing drawn or recorded, when they do not
     /// decide the draw exactly: the caller samples from the whole row instead.
     pub fn sample_candidates(&mut self, candidates: &[(u32, f32)], let_go: f32) -> Option<u32> {
+        self.sample_candidates_allowed(candidates, let_go, None)
+    }
+
+    /// [`Sampler::sample_candidates`] among the tokens `allowed` only, as
+    /// [`Sampler::sample_allowed`] would draw from the whole row. The candidates stay exact: the
+    /// allowed ones are every allowed token above `let_go`, and a token not allowed is -inf.
+    pub fn sample_candidates_allowed(
+        &mut self,
+        candidates: &[(u32, f32)],
+        let_go: f32,
+        allowed: Option<AllowedTokens<'_>>,
+    ) -> Option<u32> {
         self.candidates_needed()?;
         let known = candidates.iter().take_while(|(_, logit)| *logit > let_go).count();
-        let token =
-            choose_among(&self.params, &mut self.rng, &mut self.candidates, &candidates[..known], let_go)?;
+        let kept: Vec<(u32, f32)>;
+        let above = match allowed {
+            None => &candidates[..known],
+            Some(allowed) => {
+                kept =
+                    candidates[..known].iter().filter(|(token, _)| allowed.allows(*token)).copied().collect();
+                &kept
+            }
+        };
+        let token = choose_among(&self.params, &mut self.rng, &mut self.candidates, above, let_go)?;
         self.record(token);
         Some(token)
     }
@@ -279,12 +397,20 @@ impl Sampler {
         }
     }
 
-    /// Writes `logits` with bias, penalties and stop-token masking applied into `adjusted`.
-    fn adjust(&mut self, logits: &[f32], masks_stops: bool) {
+    /// Writes `logits` with the constraint, bias, penalties and stop-token masking applied into
+    /// `adjusted`.
+    fn adjust(&mut self, logits: &[f32], masks_stops: bool, allowed: Option<AllowedTokens<'_>>) {
         let params = &self.params;
         self.adjusted.clear();
         self.adjusted.extend_from_slice(logits);
         let row = &mut self.adjusted;
+        if let Some(allowed) = allowed {
+            for (id, logit) in row.iter_mut().enumerate() {
+                if !allowed.allows(id as u32) {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
         for (&id, &bias) in &params.logit_bias {
             if let Some(logit) = row.get_mut(id as usize) {
                 *logit += bias;
@@ -674,6 +800,51 @@ mod tests {
             }
         }
         assert!(decided * 2 > drawn, "the candidates decided only {decided} of {drawn} draws");
+    }
+
+    #[test]
+    fn masked_draws_take_only_allowed_tokens_and_candidates_agree_with_the_row() {
+        let mut rng = SmallRng::seed_from_u64(9);
+        let settings = [
+            SamplingParams { temperature: 0.0, ..Default::default() },
+            SamplingParams { top_k: 40, temperature: 0.8, ..Default::default() },
+            SamplingParams { top_k: 10, min_p: 0.1, ..Default::default() },
+        ];
+        let mut decided = 0;
+        for (case, params) in settings.into_iter().enumerate() {
+            let params = SamplingParams { seed: Some(case as u64), ..params };
+            let mut whole = sampler(params.clone());
+            let mut from_candidates = sampler(params);
+            for draw in 0..200 {
+                let row: Vec<f32> = (0..1000).map(|_| rng.random_range(-8.0f32..8.0)).collect();
+                // A sparse mask (as a grammar's usually is) or a dense one.
+                let density = [0.02, 0.7][draw % 2];
+                let mut words = vec![0u32; 1000usize.div_ceil(32)];
+                for id in 0..1000 {
+                    if rng.random_bool(density) {
+                        words[id / 32] |= 1 << (id % 32);
+                    }
+                }
+                words[0] |= 1 << 5; // never empty
+                let allowed = AllowedTokens::new(&words);
+                let (candidates, let_go) = candidates_of(&row, 64);
+                let expected = whole.sample_allowed(&row, Some(allowed)).unwrap();
+                assert!(allowed.allows(expected), "case {case}, draw {draw}: {expected} is not allowed");
+                let got = match from_candidates.sample_candidates_allowed(&candidates, let_go, Some(allowed))
+                {
+                    Some(token) => {
+                        decided += 1;
+                        token
+                    }
+                    None => from_candidates.sample_allowed(&row, Some(allowed)).unwrap(),
+                };
+                assert_eq!(got, expected, "case {case}, draw {draw}");
+            }
+        }
+        assert!(decided > 100, "the candidates decided only {decided} draws");
+        let none = AllowedTokens::new(&[0, 0]);
+        let error = sampler(SamplingParams::default()).sample_allowed(&[1.0; 40], Some(none)).err().unwrap();
+        assert!(error.to_string().contains("grammar"), "{error}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! roofline that the device's own probe kernels measure.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
@@ -14,6 +15,7 @@ use flint_core::tokenizer::Tokenizer;
 use serde::Serialize;
 
 use super::engine_bench;
+use super::generate::read_json_schema;
 use super::model::ModelArg;
 
 #[derive(Args)]
@@ -37,6 +39,11 @@ pub struct BenchArgs {
     /// e.g. `--streams 1,4,16`.
     #[arg(long, value_name = "N,N,..", value_delimiter = ',', conflicts_with = "concurrency")]
     streams: Vec<usize>,
+    /// With `--streams`: measure each number of streams twice, without a constraint and with
+    /// the output held to the JSON Schema in this file (same prompts, greedy), to see what
+    /// structured output costs.
+    #[arg(long, value_name = "FILE", requires = "streams")]
+    json_schema: Option<PathBuf>,
     /// Also time every kernel with GPU timestamps over a few extra decode steps (and the
     /// prefill before them), and print the time per kernel family.
     #[arg(long, conflicts_with = "streams")]
@@ -222,15 +229,24 @@ fn by_family(times: &[flint_core::gpu::KernelTime], phases: usize) -> Vec<Family
 
 /// `--streams`: the engine's aggregate decode speed at each number of concurrent streams.
 fn engine_command(args: &BenchArgs, tokenizer: Tokenizer, model: Model) -> anyhow::Result<()> {
+    let schema = args.json_schema.as_deref().map(read_json_schema).transpose()?;
     let adapter = model.gpu().adapter_info().name.clone();
     let prompt = prompt_ids(&tokenizer, args.prompt_tokens);
     let most = args.streams.iter().copied().max().unwrap_or(1);
     let (engine, step_loop) =
         engine_bench::start(model, tokenizer, most, args.prompt_tokens + args.gen_tokens)?;
-    let reports = engine_bench::run(&engine, &prompt, args.gen_tokens, &args.streams, args.repeats);
+    let measure = |schema: Option<&serde_json::Value>| {
+        engine_bench::run(&engine, &prompt, args.gen_tokens, &args.streams, args.repeats, schema)
+    };
+    let reports = measure(None);
+    let constrained = match (&reports, &schema) {
+        (Ok(_), Some(schema)) => Some(measure(Some(schema))),
+        _ => None,
+    };
     drop(engine);
     step_loop.join().map_err(|_| anyhow::anyhow!("the engine's step loop panicked"))?;
     let reports = reports?;
+    let constrained = constrained.transpose()?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = serde_json::json!({
@@ -239,6 +255,7 @@ fn engine_command(args: &BenchArgs, tokenizer: Tokenizer, model: Model) -> anyho
             "gen_tokens": args.gen_tokens,
             "repeats": args.repeats,
             "streams": reports,
+            "json_schema_streams": constrained,
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
@@ -249,14 +266,23 @@ fn engine_command(args: &BenchArgs, tokenizer: Tokenizer, model: Model) -> anyho
         "workload: {} prompt + {} generated tokens per stream, greedy, median of {} runs",
         args.prompt_tokens, args.gen_tokens, args.repeats
     )?;
-    writeln!(out, "{:>8} {:>16} {:>12} {:>16}", "streams", "decode tok/s", "vs 1 stream", "first token s")?;
-    for r in &reports {
+    write!(out, "{:>8} {:>16} {:>12} {:>16}", "streams", "decode tok/s", "vs 1 stream", "first token s")?;
+    if constrained.is_some() {
+        write!(out, " {:>20} {:>10}", "json_schema tok/s", "vs free")?;
+    }
+    writeln!(out)?;
+    for (i, r) in reports.iter().enumerate() {
         let ratio = r.ratio_to_one_stream.map_or("-".to_string(), |x| format!("{x:.2}x"));
-        writeln!(
+        write!(
             out,
             "{:>8} {:>16.2} {:>12} {:>16.3}",
             r.streams, r.decode_tokens_per_s, ratio, r.time_to_first_token_s
         )?;
+        if let Some(c) = constrained.as_ref().and_then(|c| c.get(i)) {
+            let versus = c.decode_tokens_per_s / r.decode_tokens_per_s;
+            write!(out, " {:>20.2} {:>10}", c.decode_tokens_per_s, format!("{versus:.2}x"))?;
+        }
+        writeln!(out)?;
     }
     Ok(())
 }

@@ -26,13 +26,15 @@ pub struct StreamsReport {
 
 /// Runs `repeats` timed rounds (after one warm-up) of `streams` concurrent greedy requests for
 /// each entry of `streams_list`, each with a distinct `prompt_tokens`-token prompt (no prefix
-/// cache hits) and `gen_tokens` generated tokens.
+/// cache hits) and `gen_tokens` generated tokens (fewer if `json_schema`, which holds every
+/// output to it, ends them first).
 pub fn run(
     engine: &Engine,
     prompt: &[u32],
     gen_tokens: usize,
     streams_list: &[usize],
     repeats: usize,
+    json_schema: Option<&serde_json::Value>,
 ) -> anyhow::Result<Vec<StreamsReport>> {
     anyhow::ensure!(gen_tokens >= 2, "--gen-tokens must be >= 2");
     let mut reports: Vec<StreamsReport> = Vec::new();
@@ -42,7 +44,7 @@ pub fn run(
         let mut runs = Vec::new();
         for run in 0..=repeats {
             round += 1;
-            let figures = one_round(engine, prompt, gen_tokens, streams, round)?;
+            let figures = one_round(engine, prompt, gen_tokens, streams, round, json_schema)?;
             if run > 0 {
                 runs.push(figures);
             }
@@ -72,6 +74,7 @@ fn one_round(
     gen_tokens: usize,
     streams: usize,
     round: u32,
+    json_schema: Option<&serde_json::Value>,
 ) -> anyhow::Result<(f64, f64)> {
     let submitted = Instant::now();
     let consumers = (0..streams).map(|i| {
@@ -84,6 +87,7 @@ fn one_round(
                 temperature: 0.0,
                 max_new_tokens: gen_tokens,
                 ignore_eos: true,
+                json_schema: json_schema.cloned(),
                 ..Default::default()
             },
             stream: true,

@@ -2,6 +2,7 @@
 //! answered through the chat template), both through the engine.
 
 use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
@@ -47,6 +48,45 @@ impl SamplingArgs {
     }
 }
 
+/// Structured output: at most one of a JSON Schema, a regex and a grammar the output must follow.
+#[derive(Args, Clone)]
+#[group(multiple = false)]
+pub struct OutputConstraintArgs {
+    /// The output is JSON valid against the JSON Schema in this file.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
+    /// The whole output matches this regular expression (Rust regex syntax).
+    #[arg(long, value_name = "PATTERN")]
+    regex: Option<String>,
+    /// The output follows the Lark grammar in this file (llguidance's syntax; `start` is the
+    /// output).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
+}
+
+impl OutputConstraintArgs {
+    /// `params` with the constraint (the engine compiles it and names what is wrong).
+    pub fn apply(&self, params: SamplingParams) -> anyhow::Result<SamplingParams> {
+        let grammar = match &self.grammar {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("cannot read the grammar file {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        let json_schema = self.json_schema.as_deref().map(read_json_schema).transpose()?;
+        Ok(SamplingParams { json_schema, regex: self.regex.clone(), grammar, ..params })
+    }
+}
+
+/// The JSON Schema in the file at `path`.
+pub fn read_json_schema(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the JSON Schema file {}: {e}", path.display()))?;
+    serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("the JSON Schema file {} is not JSON: {e}", path.display()))
+}
+
 #[derive(Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
@@ -59,6 +99,8 @@ pub struct GenerateArgs {
     input_ids: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    constraint: OutputConstraintArgs,
     /// Wrap the prompt as a user message through the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -75,6 +117,8 @@ pub struct RunArgs {
     prompt: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    constraint: OutputConstraintArgs,
     /// Continue the prompt as plain text instead of answering it through the chat template.
     #[arg(long)]
     raw: bool,
@@ -86,6 +130,7 @@ pub fn engine_options() -> EngineOptions {
 }
 
 pub fn generate(args: &GenerateArgs, quiet: bool) -> anyhow::Result<()> {
+    let sampling = args.constraint.apply(args.sampling.params())?;
     let llm = args.model.load_llm(engine_options(), quiet)?;
     let prompt_ids: Vec<u32> = match (&args.input_ids, &args.prompt) {
         (Some(json), _) => serde_json::from_str(json)
@@ -94,11 +139,8 @@ pub fn generate(args: &GenerateArgs, quiet: bool) -> anyhow::Result<()> {
         (None, Some(prompt)) => llm.tokenizer().encode(prompt, true, false),
         (None, None) => anyhow::bail!("give --prompt or --input-ids"),
     };
-    let request = GenerateRequest {
-        input_ids: Some(Prompts::One(prompt_ids)),
-        sampling: args.sampling.params(),
-        ..GenerateRequest::default()
-    };
+    let request =
+        GenerateRequest { input_ids: Some(Prompts::One(prompt_ids)), sampling, ..GenerateRequest::default() };
     let mut out = std::io::stdout().lock();
     if args.json {
         let output = llm.generate(request)?;
@@ -120,16 +162,14 @@ pub fn run(args: &RunArgs, quiet: bool) -> anyhow::Result<()> {
         Some(prompt) => prompt.clone(),
         None => read_stdin_prompt()?,
     };
+    let sampling = args.constraint.apply(args.sampling.params())?;
     let llm = args.model.load_llm(engine_options(), quiet)?;
     let prompt_ids = match llm.chat_template() {
         Ok(_) if !args.raw => llm.encode_chat(&[ChatMessage::user(prompt)])?,
         _ => llm.tokenizer().encode(&prompt, true, false),
     };
-    let request = GenerateRequest {
-        input_ids: Some(Prompts::One(prompt_ids)),
-        sampling: args.sampling.params(),
-        ..GenerateRequest::default()
-    };
+    let request =
+        GenerateRequest { input_ids: Some(Prompts::One(prompt_ids)), sampling, ..GenerateRequest::default() };
     let mut out = std::io::stdout().lock();
     stream_text(&llm, request, &mut out)?;
     writeln!(out)?;

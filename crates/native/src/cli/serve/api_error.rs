@@ -74,6 +74,8 @@ impl From<flint_native::Error> for ApiError {
                 ApiError::invalid(message, Some(openai_name(field)))
             }
             Native::Core(Core::TokenOutOfVocabulary { .. }) => ApiError::invalid(message, Some("prompt")),
+            // The request's schema allows nothing its other parameters let the model draw.
+            Native::Core(Core::Constraint(_)) => ApiError::invalid(message, Some("response_format")),
             Native::Core(Core::ChatTemplate(_)) | Native::ChatTemplate(_) => {
                 ApiError::invalid(message, Some("messages"))
             }
@@ -110,6 +112,7 @@ fn openai_name(field: &str) -> &str {
         "min_new_tokens" => "min_tokens",
         "top_logprobs_num" => "top_logprobs",
         "text" | "input_ids" => "prompt",
+        "json_schema" | "regex" | "grammar" => "response_format",
         other => other,
     }
 }

@@ -23,7 +23,9 @@ pub enum Endpoint {
 /// The body of either endpoint: the fields of both, each checked against the endpoint it came
 /// to. Unknown fields are rejected, so a parameter flint does not implement is never silently
 /// ignored. `top_k`, `min_p`, `repetition_penalty`, `min_tokens` and `ignore_eos` are
-/// extensions (as vLLM has them).
+/// extensions (as vLLM has them). `response_format` constrains the output to JSON (any object,
+/// or valid against a JSON Schema) as OpenAI's structured outputs do; flint enforces a schema
+/// whether or not `strict` is set.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpenAiRequest {
@@ -47,7 +49,7 @@ pub struct OpenAiRequest {
     echo: Option<bool>,
     suffix: Option<String>,
     best_of: Option<usize>,
-    response_format: Option<Value>,
+    response_format: Option<ResponseFormat>,
     /// An end-user id, for the caller's own bookkeeping: accepted and ignored.
     #[serde(rename = "user")]
     _user: Option<String>,
@@ -69,6 +71,45 @@ struct StreamOptions {
 enum OneOrMany<T> {
     One(T),
     Many(Vec<T>),
+}
+
+/// `response_format`: free text, any JSON object, or JSON valid against a schema.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// `response_format.json_schema`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonSchemaFormat {
+    /// The schema's name, for the caller's own bookkeeping: required as OpenAI requires it.
+    #[serde(rename = "name")]
+    _name: String,
+    /// What the format is for, which OpenAI shows the model: accepted and ignored.
+    #[serde(rename = "description")]
+    _description: Option<String>,
+    /// The schema; without one, any JSON value.
+    schema: Option<Value>,
+    /// OpenAI's strict mode: flint always enforces the schema exactly.
+    #[serde(rename = "strict")]
+    _strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// The JSON Schema the output must follow, if any.
+    fn json_schema(self) -> Option<Value> {
+        match self {
+            ResponseFormat::Text => None,
+            ResponseFormat::JsonObject => Some(json!({"type": "object"})),
+            ResponseFormat::JsonSchema { json_schema } => {
+                Some(json_schema.schema.unwrap_or_else(|| json!({})))
+            }
+        }
+    }
 }
 
 /// `prompt`: a text, texts, token ids, or lists of token ids.
@@ -181,11 +222,6 @@ impl OpenAiRequest {
         if self.suffix.is_some() {
             return unsupported("suffix", "(insertion)");
         }
-        if let Some(format) = &self.response_format
-            && format.get("type").and_then(Value::as_str) != Some("text")
-        {
-            return unsupported("response_format", "other than {\"type\": \"text\"}");
-        }
         let n = self.n.unwrap_or(1);
         let (return_logprob, top_logprobs_num) = self.logprobs(endpoint)?;
         if self.best_of.is_some_and(|best_of| best_of != n) {
@@ -258,6 +294,7 @@ impl OpenAiRequest {
             seed: self.seed.map(|seed| seed as u64),
             n,
             logit_bias: logit_bias(self.logit_bias.unwrap_or_default())?,
+            json_schema: self.response_format.and_then(ResponseFormat::json_schema),
             ..defaults
         };
         Ok(Plan {
