@@ -13,7 +13,7 @@
 # cargo-fuzz needs nightly compiler flags (-Z sanitizer, sanitizer coverage). CI has only the
 # stable toolchain, so this builds with it and RUSTC_BOOTSTRAP=1, which lets a stable compiler
 # take those flags. The sanitizer is AddressSanitizer, whose runtime ships with the stable
-# toolchain on x86_64 Linux. The corpus starts from the committed seeds (fuzz/seeds/) and grows
+# toolchain on x86_64 Linux. The corpus starts from the seeds in fuzz/seeds/ (committed, or written by its script) and grows
 # in fuzz/corpus/ (ignored by git); the tokenizer targets read the reference models that
 # scripts/fetch-models.sh fetches.
 set -euo pipefail
@@ -35,6 +35,10 @@ fuzz() {
   shift
   cargo fuzz "$command" --fuzz-dir fuzz --sanitizer address --debug-assertions "$@"
 }
+
+# The gguf seeds are GGUF files, which git ignores everywhere (no model file is committed); the
+# script that writes them is committed and its output is the same on every run.
+python3 fuzz/seeds/make_gguf_seeds.py fuzz/seeds/gguf
 
 echo "fuzz: building ${targets[*]}" >&2
 for target in "${targets[@]}"; do
