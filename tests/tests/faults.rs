@@ -1,7 +1,8 @@
 //! Faults on the real SmolLM2 engine: a panic in the forward pass or in a sampler fails only
 //! the requests it touches and the engine goes on; a GPU device lost mid-request fails the
 //! requests, marks the engine unhealthy and refuses new ones, and the model loads again on a
-//! new device; a KV cache too small for a request is an error before anything is queued.
+//! new device; a KV cache too small for a request is an error before anything is queued; a
+//! step that would take GPU memory past the budget fails its requests and the engine goes on.
 //!
 //! Panics and device loss are injected with `Engine::inject_fault` (flint-core's
 //! `fault-injection` feature) or, where the test holds the device, `wgpu::Device::destroy`.
@@ -167,4 +168,65 @@ fn a_kv_cache_too_small_for_a_request_refuses_it_and_serves_what_fits() {
     ));
     drop(engine);
     step_loop.join().unwrap();
+}
+
+/// `Engine::load` on a device with a memory budget, its step loop on a thread of its own.
+fn start_within(
+    budget: Option<u64>,
+    options: EngineOptions,
+) -> flint_core::Result<(Arc<GpuContext>, Engine, JoinHandle<()>)> {
+    let ctx = block_on(GpuContext::new(&GpuOptions { memory_budget: budget, ..GpuOptions::from_env() }))
+        .unwrap_or_else(|e| panic!("GPU tests need an adapter (they never skip): {e}"));
+    let file = GgufFile::open(SMOLLM2.path()).unwrap();
+    let (engine, step_loop) = Engine::load(ctx.clone(), &file, options)?;
+    Ok((ctx, engine, std::thread::spawn(move || block_on(step_loop.run()))))
+}
+
+#[test]
+fn a_step_past_the_memory_budget_fails_its_requests_and_the_engine_goes_on() {
+    let options = EngineOptions { kv_cache_tokens: Some(512), ..Default::default() };
+    let long_prompt = "Once upon a time, in a land far away, there lived a king. ".repeat(16);
+    let short_prompt = "The capital of France is";
+
+    // Without a budget: what the weights and KV cache hold, and the most each request's steps add.
+    let (ctx, engine, step_loop) = start_within(None, options.clone()).unwrap();
+    let loaded = ctx.memory_in_use();
+    let short_ids = output_ids(collect(engine.generate(request("short", short_prompt, 4, false))));
+    let short_peak = ctx.memory_peak() - loaded;
+    collect(engine.generate(request("long", &long_prompt, 2, false)));
+    let long_peak = ctx.memory_peak() - loaded;
+    assert_eq!(idle_metrics(&engine).kv_blocks_used, 0);
+    assert_eq!(ctx.memory_in_use(), loaded, "a finished request's activations are freed");
+    eprintln!(
+        "loaded: {loaded} bytes; steps add at most {short_peak} (short request), {long_peak} (long prompt)"
+    );
+    assert!(long_peak > 4 * short_peak, "the long prompt's prefill needs more: {long_peak} vs {short_peak}");
+    drop(engine);
+    step_loop.join().unwrap();
+
+    // A budget that holds the short request's steps but not the long prompt's prefill.
+    let budget = loaded + (short_peak + long_peak) / 2;
+    let (ctx, engine, step_loop) = start_within(Some(budget), options.clone()).unwrap();
+    let refused = collect(engine.generate(request("long", &long_prompt, 2, false)));
+    let error = final_error(&refused);
+    assert!(matches!(error, Error::StepFailed(_)), "{error}");
+    assert!(error.to_string().contains("out of GPU memory"), "{error}");
+    assert!(error.to_string().contains(&format!("the budget is {budget}")), "{error}");
+
+    // Nothing is held of the failed step; the engine stays healthy and serves what fits, the
+    // same tokens as without a budget.
+    let after = output_ids(collect(engine.generate(request("short", short_prompt, 4, false))));
+    assert_eq!(after, short_ids);
+    let metrics = idle_metrics(&engine);
+    assert!(metrics.healthy && engine.health().is_ok(), "{metrics:?}");
+    assert_eq!(metrics.kv_blocks_used, 0, "{metrics:?}");
+    assert_eq!(ctx.memory_in_use(), loaded);
+    assert!(ctx.memory_peak() <= budget);
+    drop(engine);
+    step_loop.join().unwrap();
+
+    // A budget the weights do not fit in fails the load, naming what did not fit.
+    let error = start_within(Some(loaded / 2), options).err().expect("the load fails");
+    assert!(matches!(error, Error::OutOfMemory { .. }), "{error}");
+    assert!(error.to_string().contains("raise the budget"), "{error}");
 }

@@ -40,6 +40,22 @@ pub enum Error {
         /// Which limit it exceeds.
         reason: String,
     },
+    /// A buffer would take flint's GPU memory past the budget it was given
+    /// ([`crate::gpu::GpuOptions::memory_budget`]). Nothing was allocated.
+    #[error(
+        "out of GPU memory: '{what}' needs {requested} bytes, {in_use} are in use and the budget is {budget}; \
+         raise the budget, or use a smaller batch, prompt chunk or KV cache"
+    )]
+    OutOfMemory {
+        /// The buffer that did not fit.
+        what: String,
+        /// Its size in bytes.
+        requested: u64,
+        /// Bytes held when it was asked for.
+        in_use: u64,
+        /// The budget in bytes.
+        budget: u64,
+    },
     /// A GGUF file is malformed, truncated or unsupported.
     #[error("GGUF file {context}: {reason}")]
     Gguf {

@@ -32,6 +32,20 @@ fn bench_reports_consistent_figures() {
     assert!(number("weight_bytes") > 0.9 * file_bytes && number("weight_bytes") < file_bytes);
     // 2 sequences of 24 tokens, rounded up to blocks of 16: 64 tokens × 30 layers × K and V × 3 heads × 64 × 4 bytes.
     assert_eq!(number("kv_cache_bytes"), (64 * 30 * 2 * 3 * 64 * 4) as f64);
+    // The peak holds the weights (as on the GPU: about their size in the file), the KV cache and
+    // a step's activations, which for 40 prompt tokens are a few MiB.
+    let held = number("weight_bytes") + number("kv_cache_bytes");
+    let peak = number("peak_gpu_bytes");
+    assert!(peak > 0.95 * held && peak < held + (32 << 20) as f64, "{report}");
+
+    // A budget smaller than the weights: the load fails with a one-line error.
+    let small = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["bench", "--model", path.to_str().unwrap(), "--gpu-memory-budget", "16"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&small.stderr);
+    assert_eq!(small.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("out of GPU memory") && stderr.contains("the budget is 16777216"), "{stderr}");
 
     let bad = Command::new(env!("CARGO_BIN_EXE_flint"))
         .args(["bench", "--model", path.to_str().unwrap(), "--prompt-tokens", "9000"])

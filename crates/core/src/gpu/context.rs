@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::gpu::memory::MemoryLedger;
 use crate::gpu::pipeline::PipelineCache;
 use crate::gpu::profile::Profile;
 use crate::{Error, Result};
@@ -15,6 +16,11 @@ pub struct GpuOptions {
     /// Do not request optional features (subgroups, shader-f16, timestamps) even where the
     /// adapter has them: exercises the portable paths.
     pub portable_only: bool,
+    /// Bytes of GPU memory that flint's weights, KV cache and activations may hold at most
+    /// (none: as much as the device gives). A buffer that would go past it is refused with
+    /// [`Error::OutOfMemory`] before anything is allocated: at load, the load fails; in an
+    /// engine step, the requests of that step fail and the engine goes on.
+    pub memory_budget: Option<u64>,
 }
 
 impl GpuOptions {
@@ -25,6 +31,7 @@ impl GpuOptions {
         GpuOptions {
             adapter_name: var("FLINT_ADAPTER"),
             portable_only: var("FLINT_PORTABLE").is_some_and(|v| v != "0"),
+            memory_budget: None,
         }
     }
 }
@@ -81,6 +88,7 @@ pub struct GpuContext {
     pub(crate) dispatches: std::sync::atomic::AtomicU64,
     /// The open profile, while kernels are being timed.
     pub(crate) profile: Mutex<Option<Profile>>,
+    pub(crate) memory: Arc<MemoryLedger>,
 }
 
 const NO_ADAPTER_HELP: &str = "no GPU adapter found. flint needs a GPU with Vulkan, Metal, DX12 or \
@@ -135,6 +143,7 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             dispatches: std::sync::atomic::AtomicU64::new(0),
             profile: Mutex::new(None),
+            memory: Arc::new(MemoryLedger::new(options.memory_budget)),
             captured_error,
         }))
     }
@@ -184,6 +193,22 @@ impl GpuContext {
     /// The largest byte size one storage binding may have on this device.
     pub fn max_binding_bytes(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+
+    /// Bytes of GPU memory held now by flint's tensors and weights (not counting the small
+    /// uniform and readback buffers of each step).
+    pub fn memory_in_use(&self) -> u64 {
+        self.memory.in_use()
+    }
+
+    /// The most bytes [`GpuContext::memory_in_use`] has been.
+    pub fn memory_peak(&self) -> u64 {
+        self.memory.peak()
+    }
+
+    /// The memory budget this context was opened with ([`GpuOptions::memory_budget`]).
+    pub fn memory_budget(&self) -> Option<u64> {
+        self.memory.budget()
     }
 
     /// Kernel dispatches recorded on this device so far.

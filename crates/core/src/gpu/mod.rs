@@ -4,6 +4,7 @@
 //! [`crate::kernels`] take a context, [`Tensor`]s and a command encoder, and record dispatches.
 
 mod context;
+mod memory;
 mod pipeline;
 mod profile;
 mod tensor;

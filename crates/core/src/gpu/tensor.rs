@@ -1,6 +1,7 @@
 //! [`Tensor`]: an f32 or u32 array in a GPU storage buffer, with its shape.
 
 use crate::gpu::GpuContext;
+use crate::gpu::memory::Reservation;
 use crate::{Error, Result};
 
 /// A dense array of 4-byte elements (f32 activations, or u32 ids) in one storage buffer.
@@ -8,6 +9,7 @@ use crate::{Error, Result};
 pub struct Tensor {
     buffer: wgpu::Buffer,
     shape: Vec<usize>,
+    _memory: Reservation,
 }
 
 impl Tensor {
@@ -22,13 +24,14 @@ impl Tensor {
                 reason: format!("one storage binding holds at most {} bytes", ctx.max_binding_bytes()),
             });
         }
+        let memory = ctx.memory.reserve(label, bytes)?;
         let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(Tensor { buffer, shape: shape.to_vec() })
+        Ok(Tensor { buffer, shape: shape.to_vec(), _memory: memory })
     }
 
     /// A tensor holding `data` (f32, u32 or i32).

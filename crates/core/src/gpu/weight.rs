@@ -15,6 +15,7 @@
 use std::ops::Range;
 
 use crate::gpu::GpuContext;
+use crate::gpu::memory::Reservation;
 use crate::quant::QuantType;
 use crate::{Error, Result};
 
@@ -43,6 +44,8 @@ pub(crate) struct WeightChunk {
     pub first_row: usize,
     /// Number of rows in the chunk.
     pub rows: usize,
+    /// The buffer's bytes, counted against the device's memory budget.
+    _memory: Reservation,
 }
 
 /// Where the f16 scale sits in the blocks that are repacked (see the module comment), or `None`
@@ -214,8 +217,10 @@ impl QuantMatrix {
         };
         for first_row in (0..rows).step_by(rows_per_chunk) {
             let chunk_rows = first_row..first_row + rows_per_chunk.min(rows - first_row);
+            let label = format!("{} rows {}..{}", matrix.name, chunk_rows.start, chunk_rows.end);
+            let memory = ctx.memory.reserve(&label, (chunk_rows.len() * matrix.row_words * 4) as u64)?;
             let buffer = matrix.upload_chunk(ctx, chunk_rows.clone(), parts, row_bytes)?;
-            matrix.chunks.push(WeightChunk { buffer, first_row, rows: chunk_rows.len() });
+            matrix.chunks.push(WeightChunk { buffer, first_row, rows: chunk_rows.len(), _memory: memory });
         }
         Ok(matrix)
     }

@@ -87,9 +87,10 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
     writeln!(out, "decode:         {:.2} tokens/s", r.decode_tokens_per_s)?;
     writeln!(
         out,
-        "memory:         weights {:.1} MiB, KV cache {:.1} MiB",
+        "memory:         weights {:.1} MiB, KV cache {:.1} MiB, peak with activations {:.1} MiB",
         r.weight_bytes as f64 / 1048576.0,
-        r.kv_cache_bytes as f64 / 1048576.0
+        r.kv_cache_bytes as f64 / 1048576.0,
+        r.peak_gpu_bytes as f64 / 1048576.0
     )?;
     writeln!(
         out,
@@ -325,6 +326,8 @@ pub struct BenchReport {
     pub weight_bytes_per_decode_step: u64,
     /// Bytes of the KV cache allocated for the run.
     pub kv_cache_bytes: u64,
+    /// The most GPU memory flint's weights, KV cache and activations held at once.
+    pub peak_gpu_bytes: u64,
     /// The faster of the copy and read probes, bytes per second.
     pub roofline_bytes_per_s: f64,
     /// weight_bytes_per_decode_step × decode steps per second, over the roofline.
@@ -379,6 +382,8 @@ pub fn run(
     let decode_steps = (options.gen_tokens - 1) as f64;
 
     let ctx = model.gpu();
+    // Before the bandwidth probe's own buffers.
+    let peak_gpu_bytes = ctx.memory_peak();
     let start = Instant::now();
     let now_s = || start.elapsed().as_secs_f64();
     let bandwidth = pollster::block_on(measure_bandwidth(ctx, 64 << 20, 9, &now_s))?;
@@ -399,6 +404,7 @@ pub fn run(
         weight_bytes,
         weight_bytes_per_decode_step: per_step,
         kv_cache_bytes,
+        peak_gpu_bytes,
         roofline_bytes_per_s: bandwidth.best_bytes_per_s(),
         roofline_fraction: per_step as f64 * steps_per_s / bandwidth.best_bytes_per_s(),
         dispatches_per_decode_step,

@@ -23,6 +23,10 @@ pub struct ModelArg {
     /// ~/.cache/flint/models, where scripts/fetch-models.sh puts it).
     #[arg(long, value_name = "FILE")]
     model: Option<PathBuf>,
+    /// MiB of GPU memory that the weights, KV cache and activations may hold at most; a step
+    /// that would go past it fails its requests with an out-of-memory error (default: no limit).
+    #[arg(long, value_name = "MIB")]
+    gpu_memory_budget: Option<u64>,
 }
 
 impl ModelArg {
@@ -41,12 +45,17 @@ impl ModelArg {
         Ok(path)
     }
 
+    /// The GPU to open: from the environment ([`GpuOptions::from_env`]), with the budget.
+    fn gpu_options(&self) -> GpuOptions {
+        GpuOptions { memory_budget: self.gpu_memory_budget.map(|mib| mib << 20), ..GpuOptions::from_env() }
+    }
+
     /// Loads the model and starts its engine, with a progress bar on a terminal unless `quiet`.
     pub fn load_llm(&self, engine: EngineOptions, quiet: bool) -> anyhow::Result<LLM> {
         let path = self.path()?;
         let progress = LoadProgress::start(&path, quiet);
         let on_progress = progress.clone().map(|bar| Box::new(move |stage| bar.stage(stage)) as Box<_>);
-        let llm = LLM::load(&path, LoadOptions { engine, gpu: GpuOptions::from_env(), on_progress });
+        let llm = LLM::load(&path, LoadOptions { engine, gpu: self.gpu_options(), on_progress });
         if let Some(bar) = progress {
             bar.finish();
         }
@@ -68,7 +77,7 @@ impl ModelArg {
             let file = GgufFile::open(&path)?;
             let tokenizer = Tokenizer::from_gguf(&file)?;
             stage(LoadStage::OpeningGpu);
-            let ctx = pollster::block_on(GpuContext::new(&GpuOptions::from_env()))?;
+            let ctx = pollster::block_on(GpuContext::new(&self.gpu_options()))?;
             stage(LoadStage::UploadingWeights);
             let model = Model::load(ctx, &file)?;
             anyhow::Ok((file, tokenizer, model))
