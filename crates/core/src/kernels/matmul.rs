@@ -644,7 +644,7 @@ mod tests {
                     }
                 }
             }
-            // y = (activation(gate) * up)·Wᵀ, for both activations.
+            // y = (activation(gate) * up)·Wᵀ, and y += the same, for both activations.
             let (rows, batch) = (37, 6);
             let bytes = random_rows(quant, rows, cols, &mut rng);
             let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
@@ -676,6 +676,15 @@ mod tests {
                 let got = pollster::block_on(y.to_f32(ctx)).unwrap();
                 let (expected, magnitude) = reference(quant, rows, cols, &bytes, &x);
                 assert_dot_close(&format!("{quant} gated {activation:?}"), &got, &expected, &magnitude);
+
+                let before = rng.f32s(batch * rows, -4.0, 4.0);
+                let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
+                let mut encoder = ctx.encoder("test");
+                matmul_gated_add(ctx, &mut encoder, &weight, &input, &y).unwrap();
+                ctx.submit(encoder).unwrap();
+                let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                let (expected, magnitude) = added(&expected, &magnitude, &before);
+                assert_dot_close(&format!("{quant} gated {activation:?} added"), &got, &expected, &magnitude);
             }
 
             // y += x·Wᵀ.
@@ -690,11 +699,16 @@ mod tests {
             ctx.submit(encoder).unwrap();
             let got = pollster::block_on(y.to_f32(ctx)).unwrap();
             let (product, magnitude) = reference(quant, rows, cols, &bytes, &x);
-            let expected: Vec<f64> = product.iter().zip(&before).map(|(p, &b)| p + f64::from(b)).collect();
-            let magnitude: Vec<f64> =
-                magnitude.iter().zip(&before).map(|(m, &b)| m + f64::from(b).abs()).collect();
+            let (expected, magnitude) = added(&product, &magnitude, &before);
             assert_dot_close(&format!("{quant} added"), &got, &expected, &magnitude);
         }
+    }
+
+    /// The reference of a product added to `before`, and its magnitudes.
+    fn added(product: &[f64], magnitude: &[f64], before: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let sum = product.iter().zip(before).map(|(p, &b)| p + f64::from(b)).collect();
+        let magnitude = magnitude.iter().zip(before).map(|(m, &b)| m + f64::from(b).abs()).collect();
+        (sum, magnitude)
     }
 
     #[test]
