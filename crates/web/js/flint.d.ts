@@ -217,5 +217,24 @@ export class Engine {
   unload(): void;
 }
 
+export interface WorkerLoadOptions extends LoadOptions {
+  /** A Worker running worker.js to use, instead of a new one. */
+  worker?: Worker;
+}
+
+/** The Engine API from the page while the engine runs in a Web Worker (worker.js). */
+export class WorkerEngine {
+  private constructor();
+  /** Starts a worker and loads the model there; a URL is fetched in the worker, an ArrayBuffer is transferred. */
+  static load(source: ModelSource, options?: WorkerLoadOptions): Promise<WorkerEngine>;
+  info(): Promise<EngineInfo>;
+  metrics(): Promise<EngineMetrics>;
+  generate(prompt: string | number[], params?: GenerateParams): Promise<GenerateOutput | GenerateOutput[]>;
+  stream(prompt: string | number[], params?: GenerateParams): AsyncGenerator<GenerateOutput, void, undefined>;
+  readonly chat: Engine['chat'];
+  /** Aborts running requests, unloads the model and ends the worker. */
+  unload(): Promise<void>;
+}
+
 export function gpuInfo(probeBytes?: number): Promise<Record<string, unknown>>;
 export function inspectGguf(source: ModelSource, options?: { onProgress?: ProgressCallback }): Promise<Record<string, unknown>>;

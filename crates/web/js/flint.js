@@ -4,9 +4,12 @@
 // package"): Engine.load from a URL (streamed with fetch, progress reported), an ArrayBuffer,
 // a typed array or a Blob/File; generate, stream (an async iterator), an OpenAI-style
 // chat.completions.create; AbortSignals that end a request with finish_reason "abort" and free
-// its KV blocks; unload. Types: flint.d.ts.
+// its KV blocks; unload. Types: flint.d.ts. The same API with the engine in a Web Worker:
+// WorkerEngine (worker-host.js).
 
 import initWasm, { Engine as NativeEngine, gpuInfo as nativeGpuInfo, inspectGguf as nativeInspectGguf } from '../pkg/flint_web.js';
+
+export { WorkerEngine } from './worker-host.js';
 
 let wasmReady = null;
 

@@ -7,7 +7,8 @@
 // for llama.cpp's reference prompts equals native flint's token for token; streamed items
 // concatenate to the non-streamed output; the OpenAI chat shapes (whole and streamed); a bad
 // parameter is an Error naming it and the engine keeps working; an AbortSignal ends a request
-// with finish_reason abort, frees its KV blocks, and the next request still works; unload.
+// with finish_reason abort, frees its KV blocks, and the next request still works; loading
+// from a Blob and an ArrayBuffer; the same API with the engine in a Web Worker; unload.
 //
 // Environment: FLINT_BIN (the native `flint`, default target/debug/flint), FLINT_MODEL_DIR,
 // FLINT_REFERENCE_DIR (as the Rust end-to-end tests read them), FLINT_WEB_TOKENS (tokens per
@@ -290,6 +291,77 @@ try {
     assert.ok(reference, 'no greedy output for the prompt to compare with');
     assert.deepEqual(result.next.output_ids, reference.web.output_ids.slice(0, 4));
     return `stream aborted after ${result.items.length} items, generate after ${result.whole.output_ids.length} tokens`;
+  });
+
+  await test('Engine.load from a Blob and from an ArrayBuffer; a file that is not GGUF is an Error', async () => {
+    const result = await inPage(async () => {
+      const { Engine } = window.flint;
+      const blob = await (await fetch('/model.gguf')).blob();
+      const progress = [];
+      const fromBlob = await Engine.load(blob, { kvCacheTokens: 256, onProgress: (loaded, total) => progress.push([loaded, total]) });
+      const blobOutput = await fromBlob.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      fromBlob.unload();
+      const fromBuffer = await Engine.load(await blob.arrayBuffer(), { kvCacheTokens: 256 });
+      const bufferOutput = await fromBuffer.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      fromBuffer.unload();
+      let notGguf;
+      try {
+        await Engine.load(new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8]));
+        notGguf = 'no error';
+      } catch (error) {
+        notGguf = `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
+      }
+      return { size: blob.size, progress: progress.at(-1), blobOutput, bufferOutput, notGguf };
+    });
+    const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
+    assert.deepEqual(result.progress, [result.size, result.size]);
+    assert.deepEqual(result.blobOutput.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.deepEqual(result.bufferOutput.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.match(result.notGguf, /^Error: /);
+    return result.notGguf;
+  });
+
+  await test('in a Web Worker: load with progress, streamed greedy output, a bad parameter, abort', async () => {
+    const result = await inPage(async (tokens) => {
+      const progress = [];
+      const engine = await window.flint.WorkerEngine.load('/model.gguf', {
+        kvCacheTokens: 256,
+        onProgress: (loaded, total) => progress.push([loaded, total]),
+      });
+      const items = [];
+      for await (const item of engine.stream('The capital of France is', { temperature: 0, max_new_tokens: tokens })) {
+        items.push(item);
+      }
+      let badParameter;
+      try {
+        await engine.generate('Hi', { top_k: 0 });
+        badParameter = 'no error';
+      } catch (error) {
+        badParameter = `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
+      }
+      const controller = new AbortController();
+      const aborted = [];
+      for await (const item of engine.stream('Once upon a time', { max_new_tokens: 200, ignore_eos: true, signal: controller.signal })) {
+        aborted.push(item);
+        if (aborted.length === 2) {
+          controller.abort();
+        }
+      }
+      const metrics = await engine.metrics();
+      await engine.unload();
+      return { progress: progress.at(-1), items, badParameter, aborted, metrics };
+    }, tokens);
+    const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
+    const size = statSync(modelPath).size;
+    assert.deepEqual(result.progress, [size, size]);
+    assert.ok(result.items.length > 1, `${result.items.length} items`);
+    assert.deepEqual(result.items.flatMap((item) => item.output_ids), reference.web.output_ids);
+    assert.equal(result.items.map((item) => item.text).join(''), reference.web.text);
+    assert.match(result.badParameter, /^Error: .*'top_k'/);
+    assert.deepEqual(result.aborted.at(-1).meta_info.finish_reason, { type: 'abort' });
+    assert.ok(result.aborted.length < 10, `${result.aborted.length} items after the abort at the second`);
+    assert.equal(result.metrics.kv_blocks_used, 0, 'KV blocks still used after the abort');
+    return `${result.items.length} items crossed the worker's channel; aborted after ${result.aborted.length}`;
   });
 
   await test('unload: later calls are an Error', async () => {
