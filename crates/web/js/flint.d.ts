@@ -12,6 +12,8 @@ export type ProgressCallback = (loaded: number, total: number | null) => void;
 
 export interface LoadOptions {
   onProgress?: ProgressCallback;
+  /** Keep a model loaded from a URL in the browser's Cache API, and read it from there next time (true). */
+  cache?: boolean;
   /** The model's name in responses; by default the file's general.name. */
   model?: string;
   /** Tokens the KV cache holds over all sequences; by default the model's context (capped). */
@@ -235,6 +237,11 @@ export class WorkerEngine {
   /** Aborts running requests, unloads the model and ends the worker. */
   unload(): Promise<void>;
 }
+
+/** The URLs of the models in the browser's cache. */
+export function cachedModels(): Promise<string[]>;
+/** Deletes a model from the browser's cache; resolves with whether it was there. */
+export function deleteCachedModel(url: string | URL): Promise<boolean>;
 
 export function gpuInfo(probeBytes?: number): Promise<Record<string, unknown>>;
 export function inspectGguf(source: ModelSource, options?: { onProgress?: ProgressCallback }): Promise<Record<string, unknown>>;

@@ -52,12 +52,14 @@ export class Engine {
   /**
    * Loads a GGUF model: `source` is a URL (fetched as a stream; `onProgress(loaded, total)` is
    * called as bytes arrive, `total` is null when the server does not say), an ArrayBuffer, a
-   * typed array, or a Blob/File. The other options tune the engine (see flint.d.ts).
+   * typed array, or a Blob/File. A model from a URL is kept in the browser's Cache API and
+   * the next load of the same URL reads it from there (`cache: false` does neither; see
+   * `cachedModels` and `deleteCachedModel`). The other options tune the engine (flint.d.ts).
    */
   static async load(source, options = {}) {
-    const { onProgress, ...engineOptions } = options ?? {};
+    const { onProgress, cache = true, ...engineOptions } = options ?? {};
     await init();
-    const bytes = await readSource(source, onProgress);
+    const bytes = await readSource(source, onProgress, cache);
     return new Engine(await NativeEngine.load(bytes, JSON.stringify(engineOptions)));
   }
 
@@ -146,8 +148,27 @@ export class Engine {
   }
 }
 
-/** The bytes of a model source, as a Uint8Array. */
-async function readSource(source, onProgress) {
+/** The Cache API cache that holds models loaded from URLs. */
+const MODEL_CACHE = 'flint-models';
+
+/** The URLs of the models in the browser's cache. */
+export async function cachedModels() {
+  const cache = await caches.open(MODEL_CACHE);
+  return (await cache.keys()).map((request) => request.url);
+}
+
+/** Deletes the model of `url` from the browser's cache; resolves with whether it was there. */
+export async function deleteCachedModel(url) {
+  const cache = await caches.open(MODEL_CACHE);
+  return cache.delete(absoluteUrl(url));
+}
+
+function absoluteUrl(url) {
+  return new URL(url, globalThis.location?.href).href;
+}
+
+/** The bytes of a model source, as a Uint8Array; `cache` keeps URLs' bytes in the Cache API. */
+async function readSource(source, onProgress, cache = false) {
   if (source instanceof ArrayBuffer) {
     return new Uint8Array(source);
   }
@@ -158,17 +179,37 @@ async function readSource(source, onProgress) {
     return readStream(source.stream(), source.size, onProgress);
   }
   if (typeof source === 'string' || source instanceof URL) {
-    const response = await fetch(source);
-    if (!response.ok || response.body === null) {
-      throw new Error(`cannot fetch the model at ${source}: HTTP ${response.status} ${response.statusText}`);
+    const url = absoluteUrl(source);
+    // The Cache API exists in secure contexts (https, localhost), in pages and workers.
+    const models = cache && typeof caches !== 'undefined' ? await caches.open(MODEL_CACHE) : null;
+    const cached = await models?.match(url);
+    if (cached?.body) {
+      return readStream(cached.body, Number(cached.headers.get('content-length')) || null, onProgress);
     }
-    const length = Number(response.headers.get('content-length'));
-    const encoded = response.headers.get('content-encoding');
-    // A compressed response's length is not the length of the bytes the stream gives.
-    const total = Number.isSafeInteger(length) && length > 0 && !encoded ? length : null;
-    return readStream(response.body, total, onProgress);
+    const bytes = await fetchBytes(url, onProgress);
+    if (models !== null) {
+      const headers = { 'content-type': 'application/octet-stream', 'content-length': String(bytes.byteLength) };
+      // A full disk or quota only costs the next load a download.
+      await models.put(url, new Response(bytes, { headers })).catch((error) => {
+        console.warn(`flint: the model from ${url} could not be cached: ${error}`);
+      });
+    }
+    return bytes;
   }
   throw new TypeError('a model source is a URL, an ArrayBuffer, a typed array or a Blob');
+}
+
+/** The body of `url`, streamed. */
+async function fetchBytes(source, onProgress) {
+  const response = await fetch(source);
+  if (!response.ok || response.body === null) {
+    throw new Error(`cannot fetch the model at ${source}: HTTP ${response.status} ${response.statusText}`);
+  }
+  const length = Number(response.headers.get('content-length'));
+  const encoded = response.headers.get('content-encoding');
+  // A compressed response's length is not the length of the bytes the stream gives.
+  const total = Number.isSafeInteger(length) && length > 0 && !encoded ? length : null;
+  return readStream(response.body, total, onProgress);
 }
 
 /** Reads a byte stream into one Uint8Array, reporting progress. */
