@@ -3,12 +3,14 @@
 // and SmolLM2 served from localhost by a small server in this file. Run by
 // scripts/test-web.sh, which builds the package and the native `flint` first.
 //
-// Checks: the WebGPU adapter comes up; a model loads from a URL with progress; greedy output
+// Checks: the WebGPU adapter comes up; the `npm pack` tarball installs in a separate project,
+// its `exports` resolve and its module runs in the page; a model loads from a URL with progress; greedy output
 // for llama.cpp's reference prompts equals native flint's token for token; streamed items
 // concatenate to the non-streamed output; the OpenAI chat shapes (whole and streamed); a bad
 // parameter is an Error naming it and the engine keeps working; an AbortSignal ends a request
 // with finish_reason abort, frees its KV blocks, and the next request still works; loading
-// from a Blob and an ArrayBuffer; the same API with the engine in a Web Worker; unload.
+// from a Blob and an ArrayBuffer; a second load of a URL from the Cache API without a request;
+// the same API with the engine in a Web Worker; unload.
 //
 // Environment: FLINT_BIN (the native `flint`, default target/debug/flint), FLINT_MODEL_DIR,
 // FLINT_REFERENCE_DIR (as the Rust end-to-end tests read them), FLINT_WEB_TOKENS (tokens per
@@ -66,6 +68,21 @@ function nativeGreedy(prompt) {
   return JSON.parse(stdout);
 }
 
+// ---- the package as a project installs it --------------------------------------------------
+
+// `npm pack` makes the tarball; a separate project installs it, Node resolves its `exports`
+// there, and the server below serves the installed copy to the page at /installed/.
+const packDir = mkdtempSync(path.join(os.tmpdir(), 'flint-pack-'));
+const tarball = path.join(packDir, execFileSync('npm', ['pack', '--silent', '--pack-destination', packDir], { cwd: webDir, encoding: 'utf8' }).trim().split('\n').at(-1));
+const projectDir = path.join(packDir, 'project');
+mkdirSync(projectDir);
+writeFileSync(path.join(projectDir, 'package.json'), JSON.stringify({ name: 'flint-web-consumer', private: true, type: 'module' }));
+execFileSync('npm', ['install', '--offline', '--no-audit', '--no-fund', '--silent', tarball], { cwd: projectDir, stdio: 'inherit' });
+const installedDir = path.join(projectDir, 'node_modules', 'flint-web');
+const installedExports = JSON.parse(
+  execFileSync('node', ['--input-type=module', '-e', "import * as flint from 'flint-web'; console.log(JSON.stringify(Object.keys(flint).sort()))"], { cwd: projectDir, encoding: 'utf8' }),
+);
+
 // ---- the server ---------------------------------------------------------------------------
 
 const TYPES = { '.html': 'text/html', '.js': 'text/javascript', '.mjs': 'text/javascript', '.wasm': 'application/wasm', '.json': 'application/json' };
@@ -79,6 +96,8 @@ const server = http.createServer((request, response) => {
     file = modelPath;
   } else if (/^\/(js|pkg|tests)\/[\w.-]+$/.test(url.pathname)) {
     file = path.join(webDir, url.pathname);
+  } else if (/^\/installed\/(js|pkg)\/[\w.-]+$/.test(url.pathname)) {
+    file = path.join(installedDir, url.pathname.slice('/installed/'.length));
   }
   if (!file || !existsSync(file)) {
     response.writeHead(404).end();
@@ -144,6 +163,14 @@ try {
     });
     assert.ok(adapter, 'navigator.gpu.requestAdapter() gave null');
     return `${adapter.vendor} ${adapter.architecture}, subgroups: ${adapter.features.includes('subgroups')}, shader-f16: ${adapter.features.includes('shader-f16')}`;
+  });
+
+  await test('the npm pack tarball installs, and its module works in the page', async () => {
+    const expected = ['Engine', 'WorkerEngine', 'cachedModels', 'deleteCachedModel', 'gpuInfo', 'init', 'inspectGguf'];
+    assert.deepEqual(installedExports, expected);
+    const device = await inPage(async () => (await (await import('/installed/js/flint.js')).gpuInfo(0)).device);
+    assert.equal(device.backend, 'BrowserWebGpu');
+    return `${path.basename(tarball)}: ${installedExports.join(', ')}`;
   });
 
   await test('Engine.load from a URL, with progress', async () => {
@@ -321,6 +348,29 @@ try {
     return result.notGguf;
   });
 
+  await test('a second load of the same URL reads the Cache API, without a request; cachedModels, deleteCachedModel', async () => {
+    const downloads = () => requests.filter((pathname) => pathname === '/model.gguf').length;
+    const before = downloads();
+    const result = await inPage(async () => {
+      const { Engine, cachedModels, deleteCachedModel } = window.flint;
+      const listed = await cachedModels();
+      const progress = [];
+      const engine = await Engine.load('/model.gguf', { kvCacheTokens: 256, onProgress: (loaded, total) => progress.push([loaded, total]) });
+      const output = await engine.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      engine.unload();
+      const deleted = await deleteCachedModel('/model.gguf');
+      return { listed, progress: progress.at(-1), output, deleted, after: await cachedModels() };
+    });
+    assert.equal(downloads() - before, 0, 'the second load requested the model from the server');
+    const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
+    const size = statSync(modelPath).size;
+    assert.deepEqual(result.listed, [`${origin}/model.gguf`]);
+    assert.deepEqual(result.progress, [size, size]);
+    assert.deepEqual(result.output.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.equal(result.deleted, true);
+    assert.deepEqual(result.after, []);
+  });
+
   await test('in a Web Worker: load with progress, streamed greedy output, a bad parameter, abort', async () => {
     const result = await inPage(async (tokens) => {
       const progress = [];
@@ -383,6 +433,7 @@ try {
   await context.close().catch(() => {});
   server.close();
   rmSync(userDataDir, { recursive: true, force: true });
+  rmSync(packDir, { recursive: true, force: true });
 }
 
 const seconds = ((Date.now() - started) / 1000).toFixed(1);
