@@ -10,12 +10,13 @@
 // parameter is an Error naming it and the engine keeps working; an AbortSignal ends a request
 // with finish_reason abort, frees its KV blocks, and the next request still works; loading
 // from a Blob and an ArrayBuffer; a second load of a URL from the Cache API without a request;
-// the same API with the engine in a Web Worker; unload.
+// the same API with the engine in a Web Worker; the demo page answers (its screenshot is saved
+// in FLINT_WEB_ARTIFACTS); unload.
 //
 // Environment: FLINT_BIN (the native `flint`, default target/debug/flint), FLINT_MODEL_DIR,
 // FLINT_REFERENCE_DIR (as the Rust end-to-end tests read them), FLINT_WEB_TOKENS (tokens per
-// greedy comparison, default 8), FLINT_WEB_ARTIFACTS (where the page's console log goes,
-// default target/web-test).
+// greedy comparison, default 8), FLINT_WEB_ARTIFACTS (where the demo's screenshot and, on
+// failure, the pages' console log go; default target/web-test).
 //
 // Chromium 156 here needs nothing beyond the flags the issue names: on a page served from
 // localhost (a secure context; about:blank has no navigator.gpu) `requestAdapter()` gives
@@ -94,7 +95,7 @@ const server = http.createServer((request, response) => {
   let file;
   if (url.pathname === '/model.gguf') {
     file = modelPath;
-  } else if (/^\/(js|pkg|tests)\/[\w.-]+$/.test(url.pathname)) {
+  } else if (/^\/(js|pkg|tests|demo)\/[\w.-]+$/.test(url.pathname)) {
     file = path.join(webDir, url.pathname);
   } else if (/^\/installed\/(js|pkg)\/[\w.-]+$/.test(url.pathname)) {
     file = path.join(installedDir, url.pathname.slice('/installed/'.length));
@@ -412,6 +413,34 @@ try {
     assert.ok(result.aborted.length < 10, `${result.aborted.length} items after the abort at the second`);
     assert.equal(result.metrics.kv_blocks_used, 0, 'KV blocks still used after the abort');
     return `${result.items.length} items crossed the worker's channel; aborted after ${result.aborted.length}`;
+  });
+
+  await test('the demo page: load, a streamed answer, tokens/s; a screenshot', async () => {
+    const demo = await context.newPage();
+    demo.on('console', (message) => consoleLog.push(`[demo ${message.type()}] ${message.text()}`));
+    try {
+      await demo.goto(`${origin}/demo/index.html`);
+      await demo.fill('#model-url', '/model.gguf');
+      await demo.click('#load');
+      await demo.waitForSelector('#prompt:not([disabled])', { timeout: 120_000 });
+      await demo.fill('#max-tokens', '6');
+      await demo.fill('#prompt', 'What is the capital of France?');
+      await demo.click('#send');
+      await demo.waitForSelector('#stop:not([disabled])');
+      await demo.waitForSelector('#stop[disabled]', { timeout: 240_000 });
+      const answer = (await demo.textContent('.assistant')) ?? '';
+      const status = (await demo.textContent('#status')) ?? '';
+      assert.ok(answer.trim().length > 0, 'no answer on the page');
+      assert.ok(await demo.locator('.assistant').isVisible(), 'the answer is not visible');
+      assert.match(status, /tokens\/s/);
+      mkdirSync(artifactsDir, { recursive: true });
+      const screenshot = path.join(artifactsDir, 'demo.png');
+      await demo.screenshot({ path: screenshot, fullPage: true });
+      assert.ok(statSync(screenshot).size > 1000, 'an empty screenshot');
+      return `${JSON.stringify(answer)}; ${status}; ${screenshot}`;
+    } finally {
+      await demo.close();
+    }
   });
 
   await test('unload: later calls are an Error', async () => {
