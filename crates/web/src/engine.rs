@@ -1,0 +1,334 @@
+//! The `Engine` class: a model loaded onto the browser's WebGPU device, its step loop spawned
+//! on the page's (or the worker's) event loop, and requests as [`OutputStream`]s.
+//!
+//! Everything crosses the boundary as JSON text: the JS wrapper (`js/flint.js`) turns it into
+//! objects, async iterators and promises, adds loading from a URL or a `Blob`, and connects
+//! `AbortSignal`s to [`OutputStream::abort`].
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::rc::Rc;
+
+use flint_core::chat::{ChatMessage, ChatTemplate};
+use flint_core::engine::{EngineOptions, GenerateOutput, GenerationStream};
+use flint_core::gguf::GgufFile;
+use flint_core::gpu::{GpuContext, GpuOptions};
+use flint_core::model::ModelConfig;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use wasm_bindgen::prelude::*;
+
+use crate::error::{Error, Result, from_json};
+use crate::openai::{ChatRequest, Responder, Usage};
+use crate::params::generate_request;
+
+/// How to load a model: the engine's batching and cache options, in the JS wrapper's names.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+struct LoadOptions {
+    /// The model's name in responses; by default the file's `general.name`.
+    model: Option<String>,
+    /// Tokens the KV cache holds over all sequences (see `EngineOptions::kv_cache_tokens`).
+    kv_cache_tokens: Option<usize>,
+    max_running: Option<usize>,
+    step_token_budget: Option<usize>,
+    prefix_cache: Option<bool>,
+    /// Seeds the samplers of requests without a seed; by default one from `Math.random()`.
+    seed: Option<u64>,
+}
+
+/// A model on the GPU, serving requests. Made by `Engine.load`; `unload()` lets it go.
+#[wasm_bindgen]
+pub struct Engine {
+    loaded: RefCell<Option<Rc<Loaded>>>,
+}
+
+struct Loaded {
+    engine: flint_core::engine::Engine,
+    chat_template: std::result::Result<ChatTemplate, String>,
+    max_sequence_tokens: usize,
+    model: String,
+    info: Value,
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// Loads a GGUF model from its bytes onto the browser's WebGPU device and starts the
+    /// engine's step loop. `options` is a JSON object (see `LoadOptions`) or `null`.
+    pub async fn load(bytes: Vec<u8>, options: String) -> Result<Engine, JsError> {
+        crate::install_panic_hook();
+        Ok(Engine::load_inner(bytes, &options).await?)
+    }
+
+    /// What is loaded, as JSON: the model's name, architecture and context, and the device.
+    pub fn info(&self) -> Result<String, JsError> {
+        Ok(self.loaded()?.info.to_string())
+    }
+
+    /// The engine's metrics as JSON (running and waiting sequences, KV blocks used and free,
+    /// tokens generated, tokens per second...).
+    pub fn metrics(&self) -> Result<String, JsError> {
+        let metrics = self.loaded()?.engine.metrics();
+        Ok(serde_json::to_string(&metrics).map_err(Error::from)?)
+    }
+
+    /// Submits a request: `prompt` is a JSON string or array of token ids, `params` a JSON object
+    /// of sampling parameters and request fields (see `params.rs`) or `null`. Each item of the
+    /// stream is a `GenerateOutput` as JSON: with `stream`, the text and token ids since the
+    /// previous item; without, one item per sequence when it ends.
+    pub fn request(&self, prompt: &str, params: &str, stream: bool) -> Result<OutputStream, JsError> {
+        let loaded = self.loaded()?;
+        let mut request = generate_request(prompt, params, stream)?;
+        let rid = request.rid.get_or_insert_with(|| next_id("web")).clone();
+        Ok(OutputStream::new(&loaded.engine, request, rid, Shape::Outputs))
+    }
+
+    /// Submits an OpenAI chat completion request (`body`, JSON). With `stream: true` each item
+    /// is a `chat.completion.chunk` object as JSON (and a last usage chunk when
+    /// `stream_options.include_usage` asks for one); without, the one item is the
+    /// `chat.completion` response.
+    pub fn chat(&self, body: &str) -> Result<OutputStream, JsError> {
+        let loaded = self.loaded()?;
+        let request: ChatRequest = from_json(body, "request")?;
+        let id = next_id("chatcmpl");
+        let encode = |messages: &[ChatMessage]| loaded.encode_chat(messages);
+        let plan = request.plan(encode, loaded.max_sequence_tokens, id.clone())?;
+        let responder = Responder {
+            id: id.clone(),
+            created: (js_sys::Date::now() / 1000.0) as u64,
+            model: plan.model.unwrap_or_else(|| loaded.model.clone()),
+        };
+        let n = plan.request.sampling.n;
+        let shape = if plan.stream {
+            Shape::ChatChunks {
+                responder,
+                n,
+                include_usage: plan.include_usage,
+                usage: Usage::default(),
+                roles: HashSet::new(),
+            }
+        } else {
+            Shape::ChatResponse { responder, n }
+        };
+        Ok(OutputStream::new(&loaded.engine, plan.request, id, shape))
+    }
+
+    /// Lets the model go: later calls fail, and once the requests still streaming end (the JS
+    /// wrapper aborts them) the step loop ends and the model's GPU buffers are freed.
+    pub fn unload(&self) {
+        self.loaded.borrow_mut().take();
+    }
+}
+
+impl Engine {
+    async fn load_inner(bytes: Vec<u8>, options: &str) -> Result<Engine> {
+        let options: Option<LoadOptions> = from_json(options, "options")?;
+        let options = options.unwrap_or_default();
+        let file = GgufFile::from_bytes(bytes)?;
+        let ctx = GpuContext::new(&GpuOptions::default()).await?;
+        let defaults = EngineOptions::default();
+        let engine_options = EngineOptions {
+            max_running: options.max_running.unwrap_or(defaults.max_running),
+            step_token_budget: options.step_token_budget.unwrap_or(defaults.step_token_budget),
+            kv_cache_tokens: options.kv_cache_tokens,
+            prefix_cache: options.prefix_cache.unwrap_or(defaults.prefix_cache),
+            // The core has no entropy of its own in the browser.
+            seed: options.seed.unwrap_or_else(|| (js_sys::Math::random() * 2f64.powi(53)) as u64),
+        };
+        let (engine, step_loop) = flint_core::engine::Engine::load(ctx.clone(), &file, engine_options)?;
+        wasm_bindgen_futures::spawn_local(step_loop.run());
+
+        let config = ModelConfig::from_gguf(&file)?;
+        let kv = engine.metrics();
+        let max_sequence_tokens = config.context_length.min(kv.kv_blocks_total * kv.kv_block_tokens);
+        let chat_template = match ChatTemplate::from_gguf(&file, engine.tokenizer()) {
+            Ok(Some(template)) => Ok(template),
+            Ok(None) => {
+                Err("the model has no chat template (tokenizer.chat_template): use a chat model".into())
+            }
+            Err(error) => Err(format!("the model's chat template cannot be used: {error}")),
+        };
+        let model = match options.model {
+            Some(model) => model,
+            None => file.metadata().optional::<&str>("general.name")?.unwrap_or("flint").to_string(),
+        };
+        let info = json!({
+            "model": model,
+            "architecture": format!("{:?}", config.architecture),
+            "context_length": config.context_length,
+            "max_sequence_tokens": max_sequence_tokens,
+            "vocab_size": config.vocab_size,
+            "chat_template": chat_template.is_ok(),
+            "device": ctx.describe(),
+        });
+        let loaded = Loaded { engine, chat_template, max_sequence_tokens, model, info };
+        Ok(Engine { loaded: RefCell::new(Some(Rc::new(loaded))) })
+    }
+
+    fn loaded(&self) -> Result<Rc<Loaded>> {
+        self.loaded.borrow().clone().ok_or(Error::Unloaded)
+    }
+}
+
+impl Loaded {
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let template =
+            self.chat_template.as_ref().map_err(|why| flint_core::Error::ChatTemplate(why.clone()))?;
+        Ok(template.encode(self.engine.tokenizer(), messages)?)
+    }
+}
+
+/// A new id with `prefix`, unique in this page (or worker).
+fn next_id(prefix: &str) -> String {
+    thread_local!(static NEXT: Cell<u64> = const { Cell::new(0) });
+    let count = NEXT.with(|next| next.replace(next.get() + 1));
+    format!("{prefix}-{}-{count}", js_sys::Date::now() as u64)
+}
+
+/// What the items of an [`OutputStream`] are.
+enum Shape {
+    /// The engine's `GenerateOutput`s.
+    Outputs,
+    /// OpenAI chat chunks; `roles` holds the choices whose first delta (with the role) went out.
+    ChatChunks { responder: Responder, n: usize, include_usage: bool, usage: Usage, roles: HashSet<usize> },
+    /// One OpenAI chat response, from all the outputs.
+    ChatResponse { responder: Responder, n: usize },
+}
+
+/// The outputs of one request, one `next()` at a time (the JS wrapper makes an async iterator
+/// of it). `abort()` ends the request with `finish_reason` abort (a last item still comes);
+/// `close()` drops it, which aborts it too, with no more items. Either frees its KV blocks at
+/// the engine's next step.
+#[wasm_bindgen]
+pub struct OutputStream {
+    state: Rc<RefCell<StreamState>>,
+    engine: flint_core::engine::Engine,
+    rid: String,
+}
+
+struct StreamState {
+    /// `None` once the request's stream ended or was closed, and while a `next()` awaits it.
+    items: Option<GenerationStream>,
+    /// A `next()` is awaiting `items`.
+    busy: bool,
+    /// `close()` was called: the stream is dropped as soon as no `next()` holds it.
+    closed: bool,
+    shape: Shape,
+    /// A chat usage chunk to give after the last output.
+    pending_usage: Option<String>,
+}
+
+#[wasm_bindgen]
+impl OutputStream {
+    /// The request's id (its `rid`; for chat, the response's `id`).
+    #[wasm_bindgen(getter)]
+    pub fn rid(&self) -> String {
+        self.rid.clone()
+    }
+
+    /// A promise of the next item as JSON, or `undefined` after the last one. Rejects with an
+    /// `Error` when the request failed (a parameter out of range names it), or when called
+    /// before the previous `next()` settled.
+    pub fn next(&self) -> js_sys::Promise {
+        let state = self.state.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            match next_item(&state).await {
+                Ok(Some(json)) => Ok(JsValue::from_str(&json)),
+                Ok(None) => Ok(JsValue::UNDEFINED),
+                Err(error) => Err(JsError::from(error).into()),
+            }
+        })
+    }
+
+    /// Aborts the request: it ends with `finish_reason` abort at the engine's next step, and
+    /// its KV blocks are freed.
+    pub fn abort(&self) {
+        self.engine.abort(&self.rid);
+    }
+
+    /// Drops the request's stream (aborting it if it runs): no more items.
+    pub fn close(&self) {
+        let mut state = self.state.borrow_mut();
+        state.closed = true;
+        state.items = None;
+        state.pending_usage = None;
+    }
+}
+
+impl OutputStream {
+    fn new(
+        engine: &flint_core::engine::Engine,
+        request: flint_core::engine::GenerateRequest,
+        rid: String,
+        shape: Shape,
+    ) -> OutputStream {
+        let items = engine.generate(request);
+        let state =
+            StreamState { items: Some(items), busy: false, closed: false, shape, pending_usage: None };
+        OutputStream { state: Rc::new(RefCell::new(state)), engine: engine.clone(), rid }
+    }
+}
+
+/// The next raw output of the request, with the stream put back for the next call.
+async fn next_output(state: &RefCell<StreamState>) -> Result<Option<GenerateOutput>> {
+    let mut items = {
+        let mut state = state.borrow_mut();
+        if state.busy {
+            return Err(Error::ConcurrentNext);
+        }
+        match state.items.take() {
+            Some(items) => items,
+            None => return Ok(None),
+        }
+    };
+    state.borrow_mut().busy = true;
+    let item = items.next().await;
+    let mut state = state.borrow_mut();
+    state.busy = false;
+    if item.is_some() && !state.closed {
+        state.items = Some(items);
+    }
+    Ok(item.transpose()?)
+}
+
+/// The next item in the stream's shape, as JSON.
+async fn next_item(state: &RefCell<StreamState>) -> Result<Option<String>> {
+    let response = matches!(state.borrow().shape, Shape::ChatResponse { .. });
+    if response {
+        let mut outputs = Vec::new();
+        while let Some(output) = next_output(state).await? {
+            outputs.push(output);
+        }
+        if outputs.is_empty() {
+            return Ok(None);
+        }
+        outputs.sort_by_key(|output| output.index);
+        let state = state.borrow();
+        let Shape::ChatResponse { responder, n } = &state.shape else { return Ok(None) };
+        let mut usage = Usage::default();
+        for output in &outputs {
+            usage.add(output, *n);
+        }
+        return Ok(Some(responder.response(&outputs, &usage).to_string()));
+    }
+    let Some(output) = next_output(state).await? else {
+        return Ok(state.borrow_mut().pending_usage.take());
+    };
+    let mut state = state.borrow_mut();
+    let state = &mut *state;
+    let json = match &mut state.shape {
+        Shape::Outputs | Shape::ChatResponse { .. } => serde_json::to_string(&output)?,
+        Shape::ChatChunks { responder, n, include_usage, usage, roles } => {
+            let first = roles.insert(output.index);
+            if output.meta_info.finish_reason.is_some() {
+                usage.add(&output, *n);
+                if *include_usage {
+                    state.pending_usage = Some(responder.usage_chunk(usage).to_string());
+                }
+            }
+            responder.chunk(&output, first).to_string()
+        }
+    };
+    Ok(Some(json))
+}

@@ -1,0 +1,476 @@
+// The web package in a real browser: headless Chromium (Debian's `chromium`, driven by
+// playwright-core) with its own WebGPU (SwiftShader: subgroups, no shader-f16), the package
+// and SmolLM2 served from localhost by a small server in this file. Run by
+// scripts/test-web.sh, which builds the package and the native `flint` first.
+//
+// Checks: the WebGPU adapter comes up; the `npm pack` tarball installs in a separate project,
+// its `exports` resolve and its module runs in the page; a model loads from a URL with progress; greedy output
+// for llama.cpp's reference prompts equals native flint's token for token; streamed items
+// concatenate to the non-streamed output; the OpenAI chat shapes (whole and streamed); a bad
+// parameter is an Error naming it and the engine keeps working; an AbortSignal ends a request
+// with finish_reason abort, frees its KV blocks, and the next request still works; loading
+// from a Blob and an ArrayBuffer; a second load of a URL from the Cache API without a request;
+// the same API with the engine in a Web Worker; the demo page answers (its screenshot is saved
+// in FLINT_WEB_ARTIFACTS); unload.
+//
+// Environment: FLINT_BIN (the native `flint`, default target/debug/flint), FLINT_MODEL_DIR,
+// FLINT_REFERENCE_DIR (as the Rust end-to-end tests read them), FLINT_WEB_TOKENS (tokens per
+// greedy comparison, default 8), FLINT_WEB_ARTIFACTS (where the demo's screenshot and, on
+// failure, the pages' console log go; default target/web-test).
+//
+// Chromium 156 here needs nothing beyond the flags the issue names: on a page served from
+// localhost (a secure context; about:blank has no navigator.gpu) `requestAdapter()` gives
+// SwiftShader's adapter with `--enable-unsafe-webgpu` alone, no `--use-angle` or
+// `--use-webgpu-adapter` flag.
+
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { createReadStream, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const webDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const repoDir = path.resolve(webDir, '../..');
+const env = (name) => (process.env[name] ? process.env[name] : undefined);
+
+const MODEL_FILE = 'SmolLM2-135M-Instruct.Q4_1.gguf';
+const modelDir = env('FLINT_MODEL_DIR') ?? path.join(env('XDG_CACHE_HOME') ?? path.join(os.homedir(), '.cache'), 'flint', 'models');
+const modelPath = path.join(modelDir, MODEL_FILE);
+const referenceDir = env('FLINT_REFERENCE_DIR') ?? path.join(repoDir, '..', 'shared', 'reference');
+const flintBin = env('FLINT_BIN') ?? path.join(repoDir, 'target', 'debug', 'flint');
+const tokens = Number(env('FLINT_WEB_TOKENS') ?? 8);
+const artifactsDir = env('FLINT_WEB_ARTIFACTS') ?? path.join(repoDir, 'target', 'web-test');
+
+for (const [what, file, how] of [
+  ['the model', modelPath, 'run scripts/fetch-models.sh'],
+  ['the reference data', path.join(referenceDir, 'smollm2-135m-q4_1', 'greedy.json'), 'set FLINT_REFERENCE_DIR'],
+  ['the native flint', flintBin, 'run scripts/test-web.sh, which builds it, or set FLINT_BIN'],
+  ['the package', path.join(webDir, 'pkg', 'flint_web_bg.wasm'), 'run scripts/build-web.sh'],
+]) {
+  if (!existsSync(file)) {
+    console.error(`browser tests: ${what} is missing (${file}): ${how}`);
+    process.exit(1);
+  }
+}
+
+const cases = JSON.parse(readFileSync(path.join(referenceDir, 'smollm2-135m-q4_1', 'greedy.json'), 'utf8'));
+
+// ---- native flint's greedy tokens -------------------------------------------------------------
+
+function nativeGreedy(prompt) {
+  const stdout = execFileSync(
+    flintBin,
+    ['generate', '--model', modelPath, '--prompt', prompt, '--temperature', '0', '--max-tokens', String(tokens), '--json'],
+    { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  return JSON.parse(stdout);
+}
+
+// ---- the package as a project installs it --------------------------------------------------
+
+// `npm pack` makes the tarball; a separate project installs it, Node resolves its `exports`
+// there, and the server below serves the installed copy to the page at /installed/.
+const packDir = mkdtempSync(path.join(os.tmpdir(), 'flint-pack-'));
+const tarball = path.join(packDir, execFileSync('npm', ['pack', '--silent', '--pack-destination', packDir], { cwd: webDir, encoding: 'utf8' }).trim().split('\n').at(-1));
+const projectDir = path.join(packDir, 'project');
+mkdirSync(projectDir);
+writeFileSync(path.join(projectDir, 'package.json'), JSON.stringify({ name: 'flint-web-consumer', private: true, type: 'module' }));
+execFileSync('npm', ['install', '--offline', '--no-audit', '--no-fund', '--silent', tarball], { cwd: projectDir, stdio: 'inherit' });
+const installedDir = path.join(projectDir, 'node_modules', 'flint-web');
+const installedExports = JSON.parse(
+  execFileSync('node', ['--input-type=module', '-e', "import * as flint from 'flint-web'; console.log(JSON.stringify(Object.keys(flint).sort()))"], { cwd: projectDir, encoding: 'utf8' }),
+);
+
+// ---- the server ---------------------------------------------------------------------------
+
+const TYPES = { '.html': 'text/html', '.js': 'text/javascript', '.mjs': 'text/javascript', '.wasm': 'application/wasm', '.json': 'application/json' };
+const requests = [];
+
+const server = http.createServer((request, response) => {
+  const url = new URL(request.url, 'http://localhost');
+  requests.push(url.pathname);
+  let file;
+  if (url.pathname === '/model.gguf') {
+    file = modelPath;
+  } else if (/^\/(js|pkg|tests|demo)\/[\w.-]+$/.test(url.pathname)) {
+    file = path.join(webDir, url.pathname);
+  } else if (/^\/installed\/(js|pkg)\/[\w.-]+$/.test(url.pathname)) {
+    file = path.join(installedDir, url.pathname.slice('/installed/'.length));
+  }
+  if (!file || !existsSync(file)) {
+    response.writeHead(404).end();
+    return;
+  }
+  response.writeHead(200, {
+    'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream',
+    'content-length': statSync(file).size,
+    'cache-control': 'no-store',
+  });
+  createReadStream(file).pipe(response);
+});
+await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+const origin = `http://127.0.0.1:${server.address().port}`;
+
+// ---- the browser ---------------------------------------------------------------------------
+
+const userDataDir = mkdtempSync(path.join(os.tmpdir(), 'flint-chromium-'));
+const context = await chromium.launchPersistentContext(userDataDir, {
+  executablePath: '/usr/bin/chromium',
+  headless: true,
+  args: [
+    '--headless',
+    '--no-sandbox',
+    '--enable-unsafe-webgpu',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--no-first-run',
+  ],
+});
+const page = context.pages()[0] ?? (await context.newPage());
+const consoleLog = [];
+page.on('console', (message) => consoleLog.push(`[${message.type()}] ${message.text()}`));
+page.on('pageerror', (error) => consoleLog.push(`[pageerror] ${error.stack ?? error}`));
+
+let failures = 0;
+const started = Date.now();
+
+async function test(name, body) {
+  const t0 = Date.now();
+  try {
+    const detail = await body();
+    console.log(`ok   ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)${detail ? `: ${detail}` : ''}`);
+  } catch (error) {
+    failures += 1;
+    console.log(`FAIL ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s): ${error.stack ?? error}`);
+  }
+}
+
+/** Runs `body` in the page (where `window.flint` is the package and `window.engine` the engine). */
+const inPage = (body, arg) => page.evaluate(body, arg);
+
+try {
+  await page.goto(`${origin}/tests/page.html`);
+  await page.waitForFunction(() => window.flint !== undefined, null, { timeout: 30_000 });
+
+  await test('WebGPU adapter in headless Chromium', async () => {
+    const adapter = await inPage(async () => {
+      const adapter = await navigator.gpu?.requestAdapter();
+      const info = adapter?.info;
+      return adapter ? { vendor: info.vendor, architecture: info.architecture, features: [...adapter.features] } : null;
+    });
+    assert.ok(adapter, 'navigator.gpu.requestAdapter() gave null');
+    return `${adapter.vendor} ${adapter.architecture}, subgroups: ${adapter.features.includes('subgroups')}, shader-f16: ${adapter.features.includes('shader-f16')}`;
+  });
+
+  await test('the npm pack tarball installs, and its module works in the page', async () => {
+    const expected = ['Engine', 'WorkerEngine', 'cachedModels', 'deleteCachedModel', 'gpuInfo', 'init', 'inspectGguf'];
+    assert.deepEqual(installedExports, expected);
+    const device = await inPage(async () => (await (await import('/installed/js/flint.js')).gpuInfo(0)).device);
+    assert.equal(device.backend, 'BrowserWebGpu');
+    return `${path.basename(tarball)}: ${installedExports.join(', ')}`;
+  });
+
+  await test('Engine.load from a URL, with progress', async () => {
+    const { progress, info } = await inPage(async () => {
+      const progress = [];
+      window.engine = await window.flint.Engine.load('/model.gguf', {
+        kvCacheTokens: 1024,
+        onProgress: (loaded, total) => progress.push([loaded, total]),
+      });
+      return { progress, info: window.engine.info() };
+    });
+    const size = statSync(modelPath).size;
+    assert.ok(progress.length > 2, `onProgress was called ${progress.length} times`);
+    assert.deepEqual(progress.at(-1), [size, size]);
+    assert.ok(progress.every(([loaded], i) => i === 0 || loaded >= progress[i - 1][0]), 'progress went backwards');
+    assert.equal(info.device.backend, 'BrowserWebGpu');
+    return `${info.model} (${info.architecture}) on ${info.device.adapter || 'the browser adapter'}, ${progress.length} progress calls`;
+  });
+
+  const greedy = [];
+  await test(`greedy output equals native flint's, ${tokens} tokens for each of ${cases.length} prompts`, async () => {
+    const lines = [];
+    for (const { prompt } of cases) {
+      const native = nativeGreedy(prompt);
+      const web = await inPage(([prompt, tokens]) => window.engine.generate(prompt, { temperature: 0, max_new_tokens: tokens }), [prompt, tokens]);
+      greedy.push({ prompt, web });
+      assert.deepEqual(web.output_ids, native.output_ids, `${JSON.stringify(prompt)}: browser ids (actual) differ from native flint's (expected)`);
+      assert.equal(web.text, native.text);
+      assert.equal(web.meta_info.prompt_tokens, native.meta_info.prompt_tokens);
+      assert.deepEqual(web.meta_info.finish_reason, native.meta_info.finish_reason);
+      const seconds = web.meta_info.e2e_latency;
+      lines.push(`${JSON.stringify(prompt)} -> ${JSON.stringify(web.text)} [${web.output_ids.join(' ')}] (${(web.output_ids.length / seconds).toFixed(1)} tokens/s end to end)`);
+    }
+    return `\n       ${lines.join('\n       ')}`;
+  });
+
+  await test('streamed items concatenate to the non-streamed output', async () => {
+    const { prompt, web } = greedy[0] ?? assert.fail('no greedy output to compare with');
+    const items = await inPage(async ([prompt, tokens]) => {
+      const items = [];
+      for await (const item of window.engine.stream(prompt, { temperature: 0, max_new_tokens: tokens })) {
+        items.push(item);
+      }
+      return items;
+    }, [prompt, tokens]);
+    assert.ok(items.length > 1, `${items.length} items`);
+    assert.equal(items.map((item) => item.text).join(''), web.text);
+    assert.deepEqual(items.flatMap((item) => item.output_ids), web.output_ids);
+    assert.ok(items.slice(0, -1).every((item) => item.meta_info.finish_reason === null), 'a finish reason before the last item');
+    assert.deepEqual(items.at(-1).meta_info.finish_reason, web.meta_info.finish_reason);
+    return `${items.length} items`;
+  });
+
+  await test('chat.completions.create: the response and the streamed chunks', async () => {
+    const { response, chunks } = await inPage(async (tokens) => {
+      const body = { messages: [{ role: 'user', content: 'What is the capital of France?' }], temperature: 0, max_tokens: tokens };
+      const response = await window.engine.chat.completions.create(body);
+      const chunks = [];
+      for await (const chunk of await window.engine.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } })) {
+        chunks.push(chunk);
+      }
+      return { response, chunks };
+    }, tokens);
+    assert.equal(response.object, 'chat.completion');
+    assert.match(response.id, /^chatcmpl-/);
+    const [choice] = response.choices;
+    assert.equal(choice.message.role, 'assistant');
+    assert.ok(choice.message.content.length > 0, 'an empty answer');
+    assert.ok(['stop', 'length'].includes(choice.finish_reason), choice.finish_reason);
+    assert.equal(response.usage.total_tokens, response.usage.prompt_tokens + response.usage.completion_tokens);
+
+    const usage = chunks.at(-1);
+    assert.deepEqual(usage.choices, []);
+    assert.deepEqual(usage.usage.completion_tokens, response.usage.completion_tokens);
+    const deltas = chunks.slice(0, -1);
+    assert.ok(deltas.every((chunk) => chunk.object === 'chat.completion.chunk' && chunk.id === deltas[0].id));
+    assert.equal(deltas[0].choices[0].delta.role, 'assistant');
+    assert.equal(deltas.map((chunk) => chunk.choices[0].delta.content).join(''), choice.message.content);
+    assert.equal(deltas.at(-1).choices[0].finish_reason, choice.finish_reason);
+    return `${JSON.stringify(choice.message.content)} in ${deltas.length} chunks`;
+  });
+
+  await test('a bad parameter is an Error naming it, and the engine keeps working', async () => {
+    const results = await inPage(async () => {
+      const engine = window.engine;
+      const error = async (call) => {
+        try {
+          await call();
+          return 'no error';
+        } catch (error) {
+          return `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
+        }
+      };
+      return {
+        temperature: await error(() => engine.generate('Hi', { temperature: -1 })),
+        topP: await error(async () => {
+          for await (const _ of engine.stream('Hi', { top_p: 0 }));
+        }),
+        unknown: await error(() => engine.generate('Hi', { temprature: 0 })),
+        type: await error(() => engine.generate('Hi', { max_new_tokens: 'many' })),
+        chat: await error(() => engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], temperature: -1 })),
+        after: await engine.generate('Hi', { temperature: 0, max_new_tokens: 2 }),
+      };
+    });
+    assert.match(results.temperature, /^Error: .*'temperature'/);
+    assert.match(results.topP, /^Error: .*'top_p'/);
+    assert.match(results.unknown, /^Error: .*temprature/);
+    assert.match(results.type, /^Error: .*'max_new_tokens'/);
+    assert.match(results.chat, /^Error: .*'temperature'/);
+    assert.equal(results.after.output_ids.length, 2);
+    return results.temperature;
+  });
+
+  await test('an AbortSignal ends a request with finish_reason abort, frees its KV blocks, and the next works', async () => {
+    const result = await inPage(async (tokens) => {
+      const engine = window.engine;
+      const controller = new AbortController();
+      const items = [];
+      for await (const item of engine.stream('Once upon a time', { temperature: 0, max_new_tokens: 500, ignore_eos: true, signal: controller.signal })) {
+        items.push(item);
+        if (items.length === 3) {
+          controller.abort();
+        }
+      }
+      // The step loop publishes its metrics after the step that retired the sequence.
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      const metrics = engine.metrics();
+      const late = new AbortController();
+      const pending = engine.generate('Once upon a time', { temperature: 0, max_new_tokens: 500, ignore_eos: true, signal: late.signal });
+      setTimeout(() => late.abort(), 300);
+      const whole = await pending;
+      const already = await engine.generate('Hi', { max_new_tokens: 50, signal: AbortSignal.abort() });
+      const next = await engine.generate('The capital of France is', { temperature: 0, max_new_tokens: 4 });
+      return { items, metrics, whole, already, next };
+    }, tokens);
+    const last = result.items.at(-1);
+    assert.deepEqual(last.meta_info.finish_reason, { type: 'abort' });
+    assert.ok(result.items.length < 10, `${result.items.length} items after the abort at the third`);
+    assert.equal(result.metrics.running_sequences, 0);
+    assert.equal(result.metrics.kv_blocks_used, 0, 'KV blocks still used after the abort');
+    assert.deepEqual(result.whole.meta_info.finish_reason, { type: 'abort' });
+    assert.ok(result.whole.output_ids.length < 500);
+    assert.deepEqual(result.already.meta_info.finish_reason, { type: 'abort' });
+    const reference = greedy.find((g) => g.prompt === 'The capital of France is');
+    assert.ok(reference, 'no greedy output for the prompt to compare with');
+    assert.deepEqual(result.next.output_ids, reference.web.output_ids.slice(0, 4));
+    return `stream aborted after ${result.items.length} items, generate after ${result.whole.output_ids.length} tokens`;
+  });
+
+  await test('Engine.load from a Blob and from an ArrayBuffer; a file that is not GGUF is an Error', async () => {
+    const result = await inPage(async () => {
+      const { Engine } = window.flint;
+      const blob = await (await fetch('/model.gguf')).blob();
+      const progress = [];
+      const fromBlob = await Engine.load(blob, { kvCacheTokens: 256, onProgress: (loaded, total) => progress.push([loaded, total]) });
+      const blobOutput = await fromBlob.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      fromBlob.unload();
+      const fromBuffer = await Engine.load(await blob.arrayBuffer(), { kvCacheTokens: 256 });
+      const bufferOutput = await fromBuffer.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      fromBuffer.unload();
+      let notGguf;
+      try {
+        await Engine.load(new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8]));
+        notGguf = 'no error';
+      } catch (error) {
+        notGguf = `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
+      }
+      return { size: blob.size, progress: progress.at(-1), blobOutput, bufferOutput, notGguf };
+    });
+    const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
+    assert.deepEqual(result.progress, [result.size, result.size]);
+    assert.deepEqual(result.blobOutput.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.deepEqual(result.bufferOutput.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.match(result.notGguf, /^Error: /);
+    return result.notGguf;
+  });
+
+  await test('a second load of the same URL reads the Cache API, without a request; cachedModels, deleteCachedModel', async () => {
+    const downloads = () => requests.filter((pathname) => pathname === '/model.gguf').length;
+    const before = downloads();
+    const result = await inPage(async () => {
+      const { Engine, cachedModels, deleteCachedModel } = window.flint;
+      const listed = await cachedModels();
+      const progress = [];
+      const engine = await Engine.load('/model.gguf', { kvCacheTokens: 256, onProgress: (loaded, total) => progress.push([loaded, total]) });
+      const output = await engine.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      engine.unload();
+      const deleted = await deleteCachedModel('/model.gguf');
+      return { listed, progress: progress.at(-1), output, deleted, after: await cachedModels() };
+    });
+    assert.equal(downloads() - before, 0, 'the second load requested the model from the server');
+    const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
+    const size = statSync(modelPath).size;
+    assert.deepEqual(result.listed, [`${origin}/model.gguf`]);
+    assert.deepEqual(result.progress, [size, size]);
+    assert.deepEqual(result.output.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.equal(result.deleted, true);
+    assert.deepEqual(result.after, []);
+  });
+
+  await test('in a Web Worker: load with progress, streamed greedy output, a bad parameter, abort', async () => {
+    const result = await inPage(async (tokens) => {
+      const progress = [];
+      const engine = await window.flint.WorkerEngine.load('/model.gguf', {
+        kvCacheTokens: 256,
+        onProgress: (loaded, total) => progress.push([loaded, total]),
+      });
+      const items = [];
+      for await (const item of engine.stream('The capital of France is', { temperature: 0, max_new_tokens: tokens })) {
+        items.push(item);
+      }
+      let badParameter;
+      try {
+        await engine.generate('Hi', { top_k: 0 });
+        badParameter = 'no error';
+      } catch (error) {
+        badParameter = `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
+      }
+      const controller = new AbortController();
+      const aborted = [];
+      for await (const item of engine.stream('Once upon a time', { max_new_tokens: 200, ignore_eos: true, signal: controller.signal })) {
+        aborted.push(item);
+        if (aborted.length === 2) {
+          controller.abort();
+        }
+      }
+      const metrics = await engine.metrics();
+      await engine.unload();
+      return { progress: progress.at(-1), items, badParameter, aborted, metrics };
+    }, tokens);
+    const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
+    const size = statSync(modelPath).size;
+    assert.deepEqual(result.progress, [size, size]);
+    assert.ok(result.items.length > 1, `${result.items.length} items`);
+    assert.deepEqual(result.items.flatMap((item) => item.output_ids), reference.web.output_ids);
+    assert.equal(result.items.map((item) => item.text).join(''), reference.web.text);
+    assert.match(result.badParameter, /^Error: .*'top_k'/);
+    assert.deepEqual(result.aborted.at(-1).meta_info.finish_reason, { type: 'abort' });
+    assert.ok(result.aborted.length < 10, `${result.aborted.length} items after the abort at the second`);
+    assert.equal(result.metrics.kv_blocks_used, 0, 'KV blocks still used after the abort');
+    return `${result.items.length} items crossed the worker's channel; aborted after ${result.aborted.length}`;
+  });
+
+  await test('the demo page: load, a streamed answer, tokens/s; a screenshot', async () => {
+    const demo = await context.newPage();
+    demo.on('console', (message) => consoleLog.push(`[demo ${message.type()}] ${message.text()}`));
+    try {
+      await demo.goto(`${origin}/demo/index.html`);
+      await demo.fill('#model-url', '/model.gguf');
+      await demo.click('#load');
+      await demo.waitForSelector('#prompt:not([disabled])', { timeout: 120_000 });
+      await demo.fill('#max-tokens', '6');
+      await demo.fill('#prompt', 'What is the capital of France?');
+      await demo.click('#send');
+      await demo.waitForSelector('#stop:not([disabled])');
+      await demo.waitForSelector('#stop[disabled]', { timeout: 240_000 });
+      const answer = (await demo.textContent('.assistant')) ?? '';
+      const status = (await demo.textContent('#status')) ?? '';
+      assert.ok(answer.trim().length > 0, 'no answer on the page');
+      assert.ok(await demo.locator('.assistant').isVisible(), 'the answer is not visible');
+      assert.match(status, /tokens\/s/);
+      mkdirSync(artifactsDir, { recursive: true });
+      const screenshot = path.join(artifactsDir, 'demo.png');
+      await demo.screenshot({ path: screenshot, fullPage: true });
+      assert.ok(statSync(screenshot).size > 1000, 'an empty screenshot');
+      return `${JSON.stringify(answer)}; ${status}; ${screenshot}`;
+    } finally {
+      await demo.close();
+    }
+  });
+
+  await test('unload: later calls are an Error', async () => {
+    const message = await inPage(async () => {
+      window.engine.unload();
+      try {
+        await window.engine.generate('Hi');
+        return 'no error';
+      } catch (error) {
+        return error.message;
+      }
+    });
+    assert.match(message, /unloaded/);
+  });
+} catch (error) {
+  failures += 1;
+  console.log(`FAIL the browser tests stopped: ${error.stack ?? error}`);
+} finally {
+  await context.close().catch(() => {});
+  server.close();
+  rmSync(userDataDir, { recursive: true, force: true });
+  rmSync(packDir, { recursive: true, force: true });
+}
+
+const seconds = ((Date.now() - started) / 1000).toFixed(1);
+if (failures > 0) {
+  mkdirSync(artifactsDir, { recursive: true });
+  const logFile = path.join(artifactsDir, 'console.log');
+  writeFileSync(logFile, `${consoleLog.join('\n')}\n`);
+  console.log(`${failures} browser test(s) failed in ${seconds} s; the page's console: ${logFile}`);
+  process.exit(1);
+}
+console.log(`browser tests passed in ${seconds} s`);
