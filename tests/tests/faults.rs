@@ -23,17 +23,35 @@ use flint_e2e::SMOLLM2;
 use futures::StreamExt;
 use futures::executor::block_on;
 
-/// A device of its own for each test: one test destroys its device.
-fn gpu() -> Arc<GpuContext> {
-    block_on(GpuContext::new(&GpuOptions::from_env()))
+/// A device of its own for each test (one test destroys its device), within `budget` bytes.
+fn gpu_within(budget: Option<u64>) -> Arc<GpuContext> {
+    block_on(GpuContext::new(&GpuOptions { memory_budget: budget, ..GpuOptions::from_env() }))
         .unwrap_or_else(|e| panic!("GPU tests need an adapter (they never skip): {e}"))
 }
 
-/// An engine on `ctx`, its step loop on a thread of its own.
-fn start(ctx: Arc<GpuContext>, options: EngineOptions) -> (Engine, JoinHandle<()>) {
+fn gpu() -> Arc<GpuContext> {
+    gpu_within(None)
+}
+
+/// An engine on `ctx`, its step loop on a thread of its own, or the load's error.
+fn try_start(ctx: Arc<GpuContext>, options: EngineOptions) -> flint_core::Result<(Engine, JoinHandle<()>)> {
     let file = GgufFile::open(SMOLLM2.path()).unwrap();
-    let (engine, step_loop) = Engine::load(ctx, &file, options).unwrap();
-    (engine, std::thread::spawn(move || block_on(step_loop.run())))
+    let (engine, step_loop) = Engine::load(ctx, &file, options)?;
+    Ok((engine, std::thread::spawn(move || block_on(step_loop.run()))))
+}
+
+fn start(ctx: Arc<GpuContext>, options: EngineOptions) -> (Engine, JoinHandle<()>) {
+    try_start(ctx, options).unwrap()
+}
+
+/// Once the engine is idle: no KV block is held and the engine is healthy; then it stops, and
+/// its step loop ends without having panicked.
+fn stop_healthy(engine: Engine, step_loop: JoinHandle<()>) {
+    let metrics = idle_metrics(&engine);
+    assert_eq!(metrics.kv_blocks_used, 0, "{metrics:?}");
+    assert!(metrics.healthy && engine.health().is_ok(), "{metrics:?}");
+    drop(engine);
+    step_loop.join().expect("the step loop survives the panic");
 }
 
 fn request(rid: &str, prompt: &str, max_new_tokens: usize, stream: bool) -> GenerateRequest {
@@ -92,12 +110,7 @@ fn a_panic_in_the_sampler_fails_its_request_and_the_others_go_on() {
     let error = final_error(&doomed).to_string();
     assert!(error.contains("sampling panicked") && error.contains("fault injected"), "{error}");
     assert_eq!(output_ids(collect(survivor)), alone, "the other request is not disturbed");
-
-    let metrics = idle_metrics(&engine);
-    assert_eq!(metrics.kv_blocks_used, 0, "{metrics:?}");
-    assert!(metrics.healthy && engine.health().is_ok());
-    drop(engine);
-    step_loop.join().expect("the step loop survives the panic");
+    stop_healthy(engine, step_loop);
 }
 
 #[test]
@@ -114,11 +127,7 @@ fn a_panic_in_the_forward_pass_fails_that_step_and_the_engine_goes_on() {
     // Later requests are served as if nothing happened.
     let after = collect(engine.generate(request("after", "The capital of France is", 4, false)));
     assert_eq!(output_ids(after).len(), 4);
-    let metrics = idle_metrics(&engine);
-    assert_eq!(metrics.kv_blocks_used, 0, "{metrics:?}");
-    assert!(metrics.healthy && engine.health().is_ok());
-    drop(engine);
-    step_loop.join().expect("the step loop survives the panic");
+    stop_healthy(engine, step_loop);
 }
 
 #[test]
@@ -170,18 +179,6 @@ fn a_kv_cache_too_small_for_a_request_refuses_it_and_serves_what_fits() {
     step_loop.join().unwrap();
 }
 
-/// `Engine::load` on a device with a memory budget, its step loop on a thread of its own.
-fn start_within(
-    budget: Option<u64>,
-    options: EngineOptions,
-) -> flint_core::Result<(Arc<GpuContext>, Engine, JoinHandle<()>)> {
-    let ctx = block_on(GpuContext::new(&GpuOptions { memory_budget: budget, ..GpuOptions::from_env() }))
-        .unwrap_or_else(|e| panic!("GPU tests need an adapter (they never skip): {e}"));
-    let file = GgufFile::open(SMOLLM2.path()).unwrap();
-    let (engine, step_loop) = Engine::load(ctx.clone(), &file, options)?;
-    Ok((ctx, engine, std::thread::spawn(move || block_on(step_loop.run()))))
-}
-
 #[test]
 fn a_step_past_the_memory_budget_fails_its_requests_and_the_engine_goes_on() {
     let options = EngineOptions { kv_cache_tokens: Some(512), ..Default::default() };
@@ -189,7 +186,8 @@ fn a_step_past_the_memory_budget_fails_its_requests_and_the_engine_goes_on() {
     let short_prompt = "The capital of France is";
 
     // Without a budget: what the weights and KV cache hold, and the most each request's steps add.
-    let (ctx, engine, step_loop) = start_within(None, options.clone()).unwrap();
+    let ctx = gpu();
+    let (engine, step_loop) = start(ctx.clone(), options.clone());
     let loaded = ctx.memory_in_use();
     let short_ids = output_ids(collect(engine.generate(request("short", short_prompt, 4, false))));
     let short_peak = ctx.memory_peak() - loaded;
@@ -206,7 +204,8 @@ fn a_step_past_the_memory_budget_fails_its_requests_and_the_engine_goes_on() {
 
     // A budget that holds the short request's steps but not the long prompt's prefill.
     let budget = loaded + (short_peak + long_peak) / 2;
-    let (ctx, engine, step_loop) = start_within(Some(budget), options.clone()).unwrap();
+    let ctx = gpu_within(Some(budget));
+    let (engine, step_loop) = start(ctx.clone(), options.clone());
     let refused = collect(engine.generate(request("long", &long_prompt, 2, false)));
     let error = final_error(&refused);
     assert!(matches!(error, Error::StepFailed(_)), "{error}");
@@ -226,7 +225,7 @@ fn a_step_past_the_memory_budget_fails_its_requests_and_the_engine_goes_on() {
     step_loop.join().unwrap();
 
     // A budget the weights do not fit in fails the load, naming what did not fit.
-    let error = start_within(Some(loaded / 2), options).err().expect("the load fails");
+    let error = try_start(gpu_within(Some(loaded / 2)), options).err().expect("the load fails");
     assert!(matches!(error, Error::OutOfMemory { .. }), "{error}");
     assert!(error.to_string().contains("raise the budget"), "{error}");
 }
