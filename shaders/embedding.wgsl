@@ -22,7 +22,7 @@ struct Params {
     zero_missing: u32,
 }
 
-@group(0) @binding(0) var<storage, read> weights: array<u32>;
+@group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(3) var<uniform> params: Params;

@@ -44,7 +44,7 @@ struct Params {
     _pad1: u32,
 }
 
-@group(0) @binding(0) var<storage, read> weights: array<u32>;
+@group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;

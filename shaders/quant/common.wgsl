@@ -2,12 +2,17 @@
 //
 // A kernel that reads weights is composed at pipeline creation from three parts: this file,
 // ONE decoder (f32.wgsl, q4_k.wgsl, ...) and the kernel family's file. The family file declares
-//     @group(0) @binding(0) var<storage, read> weights: array<u32>;
+//     @group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
 // holding one chunk of a weight matrix in flint's GPU layout (crates/core/src/gpu/weight.rs):
-// every row starts on a word boundary and is `row_words` words long. Types whose GGUF block is
-// a whole number of words (f32, f16, bf16, q4_1, q5_1, q4_k, q5_k) keep the GGUF bytes as they
-// are; the others (q4_0, q5_0, q8_0, q6_k: 18, 22, 34, 210 bytes) store a row as the blocks
-// without their f16 scale, back to back, followed by the row's scales, two per word.
+// every row starts on a 16-byte boundary and is `row_words` words long (a multiple of 4), so
+// a decoder reads whole 16-byte pieces of a row with one vec4 load where its layout allows
+// (one load instead of four: on a GPU one wide transaction, on a CPU device one trip through
+// the per-lane load loop instead of four), and single words with word(). Types whose GGUF
+// block is a whole number of words and needs no reordering (f32, f16, bf16, q5_1, q4_k, q5_k)
+// keep the GGUF bytes as they are; the others (q4_0, q5_0, q8_0, q6_k: 18, 22, 34, 210 bytes,
+// and q4_1, whose 16 bytes of nibbles sit one word off a 16-byte boundary) store a row as the
+// blocks without their f16 scale (q4_1: its f16 pair), back to back, followed by the row's
+// scales (two per word; q4_1: one pair per word).
 //
 // Every decoder defines
 //     fn decode8(row: WeightRow, k: u32) -> Weights8
@@ -22,6 +27,16 @@
 // device, where every load is a loop over the SIMD lanes, loads set the speed. Types whose
 // decode8 reads each word once get load32 from block32.wgsl, made of four decode8 calls.
 
+// Word i of the bound chunk (a single 32-bit load).
+fn word(i: u32) -> u32 {
+    return weights[i / 4u][i % 4u];
+}
+
+// The 16 bytes of the bound chunk from word i on (i a multiple of 4): one vec4 load.
+fn words4(i: u32) -> vec4<u32> {
+    return weights[i / 4u];
+}
+
 // Eight consecutive weights of a row: elements k .. k + 3 and k + 4 .. k + 7.
 struct Weights8 {
     lo: vec4<f32>,
@@ -34,14 +49,14 @@ struct WeightRow {
     blocks: u32,
 }
 
-// The same bit field of each of the four bytes of `word`, lowest byte first: the bits of `mask`
-// shifted to bit `first` of byte i, that is (word >> (first + 8i)) & mask for i = 0..3.
-fn byte_fields(word: u32, first: u32, mask: u32) -> vec4<u32> {
-    return (vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + first)) & vec4<u32>(mask);
+// The same bit field of each of the four bytes of `packed`, lowest byte first: the bits of
+// `mask` shifted to bit `first` of byte i, that is (packed >> (first + 8i)) & mask for i = 0..3.
+fn byte_fields(packed: u32, first: u32, mask: u32) -> vec4<u32> {
+    return (vec4<u32>(packed) >> (vec4<u32>(0u, 8u, 16u, 24u) + first)) & vec4<u32>(mask);
 }
 
 // The f16 scale of block `block` from a row's trailing scale words (two f16 per word).
 fn trailing_scale(row: WeightRow, body_words: u32, block: u32) -> f32 {
-    let word = weights[row.first_word + row.blocks * body_words + block / 2u];
-    return unpack2x16float(word)[block % 2u];
+    let scales = word(row.first_word + row.blocks * body_words + block / 2u);
+    return unpack2x16float(scales)[block % 2u];
 }

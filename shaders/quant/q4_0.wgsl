@@ -10,8 +10,8 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let w = row.first_word + block * Q4_0_BODY_WORDS + (j % 16u) / 4u;
     let shift = (j / 16u) * 4u;
     let d = trailing_scale(row, Q4_0_BODY_WORDS, block);
-    let lo = vec4<f32>(byte_fields(weights[w], shift, 0xfu)) - 8.0;
-    let hi = vec4<f32>(byte_fields(weights[w + 1u], shift, 0xfu)) - 8.0;
+    let lo = vec4<f32>(byte_fields(word(w), shift, 0xfu)) - 8.0;
+    let hi = vec4<f32>(byte_fields(word(w + 1u), shift, 0xfu)) - 8.0;
     return Weights8(lo * d, hi * d);
 }
 
@@ -23,16 +23,15 @@ struct Block32 {
 
 fn load32(row: WeightRow, k: u32) -> Block32 {
     let block = k / 32u;
-    let w = row.first_word + block * Q4_0_BODY_WORDS;
-    let qs = vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]);
+    let qs = words4(row.first_word + block * Q4_0_BODY_WORDS);
     return Block32(trailing_scale(row, Q4_0_BODY_WORDS, block), qs);
 }
 
 // Weights 8i .. 8i + 8 are the low (i < 2) or high nibbles of bytes 8(i % 2) .. 8(i % 2) + 8.
 fn unpack8(block: Block32, i: u32) -> Weights8 {
-    let word = 2u * (i % 2u);
+    let at = 2u * (i % 2u);
     let shift = (i / 2u) * 4u;
-    let lo = vec4<f32>(byte_fields(block.qs[word], shift, 0xfu)) - 8.0;
-    let hi = vec4<f32>(byte_fields(block.qs[word + 1u], shift, 0xfu)) - 8.0;
+    let lo = vec4<f32>(byte_fields(block.qs[at], shift, 0xfu)) - 8.0;
+    let hi = vec4<f32>(byte_fields(block.qs[at + 1u], shift, 0xfu)) - 8.0;
     return Weights8(lo * block.d, hi * block.d);
 }

@@ -8,14 +8,15 @@ const Q4_K_BLOCK_WORDS: u32 = 36u;
 fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let block = row.first_word + (k / 256u) * Q4_K_BLOCK_WORDS;
     let sub = (k % 256u) / 32u;
-    let d_dmin = unpack2x16float(weights[block]);
-    let scale_min = k_scale_min(block, sub);
+    let header = words4(block);
+    let d_dmin = unpack2x16float(header.x);
+    let scale_min = k_scale_min(header, sub);
     let d = d_dmin.x * scale_min.x;
     let m = d_dmin.y * scale_min.y;
     let w = block + 4u + (sub / 2u) * 8u + (k % 32u) / 4u;
     let shift = (sub % 2u) * 4u;
-    let lo = vec4<f32>(byte_fields(weights[w], shift, 0xfu));
-    let hi = vec4<f32>(byte_fields(weights[w + 1u], shift, 0xfu));
+    let lo = vec4<f32>(byte_fields(word(w), shift, 0xfu));
+    let hi = vec4<f32>(byte_fields(word(w + 1u), shift, 0xfu));
     return Weights8(d * lo - m, d * hi - m);
 }
 
@@ -32,18 +33,17 @@ struct Block32 {
 fn load32(row: WeightRow, k: u32) -> Block32 {
     let block = row.first_word + (k / 256u) * Q4_K_BLOCK_WORDS;
     let sub = (k % 256u) / 32u;
-    let d_dmin = unpack2x16float(weights[block]);
-    let scale_min = k_scale_min(block, sub);
+    let header = words4(block);
+    let d_dmin = unpack2x16float(header.x);
+    let scale_min = k_scale_min(header, sub);
     let w = block + 4u + (sub / 2u) * 8u;
-    let first = vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]);
-    let last = vec4<u32>(weights[w + 4u], weights[w + 5u], weights[w + 6u], weights[w + 7u]);
-    return Block32(d_dmin.x * scale_min.x, d_dmin.y * scale_min.y, first, last, (sub % 2u) * 4u);
+    return Block32(d_dmin.x * scale_min.x, d_dmin.y * scale_min.y, words4(w), words4(w + 4u), (sub % 2u) * 4u);
 }
 
 fn unpack8(block: Block32, i: u32) -> Weights8 {
     let words = select(block.last, block.first, i < 2u);
-    let word = 2u * (i % 2u);
-    let lo = vec4<f32>(byte_fields(words[word], block.shift, 0xfu));
-    let hi = vec4<f32>(byte_fields(words[word + 1u], block.shift, 0xfu));
+    let at = 2u * (i % 2u);
+    let lo = vec4<f32>(byte_fields(words[at], block.shift, 0xfu));
+    let hi = vec4<f32>(byte_fields(words[at + 1u], block.shift, 0xfu));
     return Weights8(block.d * lo - block.m, block.d * hi - block.m);
 }

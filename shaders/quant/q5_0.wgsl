@@ -7,13 +7,13 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let block = k / 32u;
     let j = k % 32u;
     let body = row.first_word + block * Q5_0_BODY_WORDS;
-    let qh = weights[body] >> j;
+    let qh = word(body) >> j;
     let w = body + 1u + (j % 16u) / 4u;
     let shift = (j / 16u) * 4u;
     let high_lo = ((vec4<u32>(qh) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(4u);
     let high_hi = ((vec4<u32>(qh) >> vec4<u32>(4u, 5u, 6u, 7u)) & vec4<u32>(1u)) << vec4<u32>(4u);
     let d = trailing_scale(row, Q5_0_BODY_WORDS, block);
-    let lo = vec4<f32>(byte_fields(weights[w], shift, 0xfu) | high_lo) - 16.0;
-    let hi = vec4<f32>(byte_fields(weights[w + 1u], shift, 0xfu) | high_hi) - 16.0;
+    let lo = vec4<f32>(byte_fields(word(w), shift, 0xfu) | high_lo) - 16.0;
+    let hi = vec4<f32>(byte_fields(word(w + 1u), shift, 0xfu) | high_hi) - 16.0;
     return Weights8(lo * d, hi * d);
 }

@@ -5,13 +5,13 @@ const Q5_1_BLOCK_WORDS: u32 = 6u;
 fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let block = row.first_word + (k / 32u) * Q5_1_BLOCK_WORDS;
     let j = k % 32u;
-    let dm = unpack2x16float(weights[block]);
-    let qh = weights[block + 1u] >> j;
+    let dm = unpack2x16float(word(block));
+    let qh = word(block + 1u) >> j;
     let w = block + 2u + (j % 16u) / 4u;
     let shift = (j / 16u) * 4u;
     let high_lo = ((vec4<u32>(qh) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(4u);
     let high_hi = ((vec4<u32>(qh) >> vec4<u32>(4u, 5u, 6u, 7u)) & vec4<u32>(1u)) << vec4<u32>(4u);
-    let lo = vec4<f32>(byte_fields(weights[w], shift, 0xfu) | high_lo);
-    let hi = vec4<f32>(byte_fields(weights[w + 1u], shift, 0xfu) | high_hi);
+    let lo = vec4<f32>(byte_fields(word(w), shift, 0xfu) | high_lo);
+    let hi = vec4<f32>(byte_fields(word(w + 1u), shift, 0xfu) | high_hi);
     return Weights8(lo * dm.x + dm.y, hi * dm.x + dm.y);
 }

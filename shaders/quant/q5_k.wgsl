@@ -8,14 +8,15 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let block = row.first_word + (k / 256u) * Q5_K_BLOCK_WORDS;
     let sub = (k % 256u) / 32u;
     let l = k % 32u;
-    let d_dmin = unpack2x16float(weights[block]);
-    let scale_min = k_scale_min(block, sub);
+    let header = words4(block);
+    let d_dmin = unpack2x16float(header.x);
+    let scale_min = k_scale_min(header, sub);
     let d = d_dmin.x * scale_min.x;
     let m = d_dmin.y * scale_min.y;
     let h = block + 4u + l / 4u;
     let w = block + 12u + (sub / 2u) * 8u + l / 4u;
     let shift = (sub % 2u) * 4u;
-    let lo = vec4<f32>(byte_fields(weights[w], shift, 0xfu) | (byte_fields(weights[h], sub, 1u) << vec4<u32>(4u)));
-    let hi = vec4<f32>(byte_fields(weights[w + 1u], shift, 0xfu) | (byte_fields(weights[h + 1u], sub, 1u) << vec4<u32>(4u)));
+    let lo = vec4<f32>(byte_fields(word(w), shift, 0xfu) | (byte_fields(word(h), sub, 1u) << vec4<u32>(4u)));
+    let hi = vec4<f32>(byte_fields(word(w + 1u), shift, 0xfu) | (byte_fields(word(h + 1u), sub, 1u) << vec4<u32>(4u)));
     return Weights8(d * lo - m, d * hi - m);
 }

@@ -3,8 +3,8 @@
 const Q8_0_BODY_WORDS: u32 = 8u;
 
 // The four signed bytes of a word, sign-extended by shifting each to the top and back.
-fn signed_bytes(word: u32) -> vec4<f32> {
-    let top = bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u));
+fn signed_bytes(packed: u32) -> vec4<f32> {
+    let top = bitcast<vec4<i32>>(vec4<u32>(packed) << vec4<u32>(24u, 16u, 8u, 0u));
     return vec4<f32>(top >> vec4<u32>(24u));
 }
 
@@ -12,7 +12,7 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let block = k / 32u;
     let w = row.first_word + block * Q8_0_BODY_WORDS + (k % 32u) / 4u;
     let d = trailing_scale(row, Q8_0_BODY_WORDS, block);
-    return Weights8(signed_bytes(weights[w]) * d, signed_bytes(weights[w + 1u]) * d);
+    return Weights8(signed_bytes(word(w)) * d, signed_bytes(word(w + 1u)) * d);
 }
 
 // One block: its scale and its 32 bytes.
@@ -25,13 +25,11 @@ struct Block32 {
 fn load32(row: WeightRow, k: u32) -> Block32 {
     let block = k / 32u;
     let w = row.first_word + block * Q8_0_BODY_WORDS;
-    let first = vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]);
-    let last = vec4<u32>(weights[w + 4u], weights[w + 5u], weights[w + 6u], weights[w + 7u]);
-    return Block32(trailing_scale(row, Q8_0_BODY_WORDS, block), first, last);
+    return Block32(trailing_scale(row, Q8_0_BODY_WORDS, block), words4(w), words4(w + 4u));
 }
 
 fn unpack8(block: Block32, i: u32) -> Weights8 {
     let words = select(block.last, block.first, i < 2u);
-    let word = 2u * (i % 2u);
-    return Weights8(signed_bytes(words[word]) * block.d, signed_bytes(words[word + 1u]) * block.d);
+    let at = 2u * (i % 2u);
+    return Weights8(signed_bytes(words[at]) * block.d, signed_bytes(words[at + 1u]) * block.d);
 }

@@ -1,16 +1,20 @@
 //! [`QuantMatrix`]: a 2-D weight in GPU memory, still quantized, split by rows into as many
 //! buffers as the device's binding limit requires.
 //!
-//! GPU layout (what the decoders in `shaders/quant/` read): every row starts on a word
-//! boundary and takes [`QuantMatrix::row_words`] words.
-//! - F32, F16 and BF16 rows (`cols` is a multiple of 8) and Q4_1, Q5_1, Q4_K and Q5_K blocks
-//!   (20, 24, 144, 176 bytes) are whole words, so a row is its GGUF bytes unchanged.
+//! GPU layout (what the decoders in `shaders/quant/` read): every row starts on a 16-byte
+//! boundary and takes [`QuantMatrix::row_words`] words, a multiple of 4 (zero-padded), so that
+//! kernels read weights with vec4 loads.
+//! - F32, F16 and BF16 rows (`cols` is a multiple of 8) and Q5_1, Q4_K and Q5_K blocks (24,
+//!   144, 176 bytes) are whole words, so a row is its GGUF bytes unchanged (Q4_K's and Q5_K's
+//!   blocks are whole 16-byte pieces too).
 //! - Q4_0, Q5_0, Q8_0 and Q6_K blocks are 18, 22, 34 and 210 bytes, so in GGUF every other
-//!   block starts in the middle of a word. Their rows are repacked at upload: first each
-//!   block without its f16 scale (16, 20, 32, 208 bytes: whole words), back to back, then the
-//!   row's f16 scales, two per word. This costs at most 2 bytes of padding a row (padding each
-//!   block to a word would cost up to 11%) and spares every load in the kernels the two-word
-//!   shifting that unaligned reads need.
+//!   block starts in the middle of a word; Q4_1's 20-byte blocks are whole words but put their
+//!   16 bytes of nibbles one word off a 16-byte boundary. Their rows are repacked at upload:
+//!   first each block without its f16 scale (Q4_1: its f16 scale and offset), back to back
+//!   (16, 20, 32, 208 and 16 bytes), then the row's scales, two per word (Q4_1: one pair per
+//!   word). This costs a few bytes of padding a row (padding each block to a word would cost
+//!   up to 11%) and spares every load in the kernels the two-word shifting that unaligned
+//!   reads need.
 
 use std::ops::Range;
 
@@ -48,16 +52,25 @@ pub(crate) struct WeightChunk {
     _memory: Reservation,
 }
 
-/// Where the f16 scale sits in the blocks that are repacked (see the module comment), or `None`
-/// for types stored as they are.
-fn repacked_scale_offset(quant: QuantType) -> Option<usize> {
+/// The bytes of a block that a repacked type moves to the end of the row (see the module
+/// comment): its f16 scale, or Q4_1's f16 scale and offset.
+#[derive(Clone, Copy)]
+struct BlockHead {
+    /// Where the head sits in the GGUF block.
+    at: usize,
+    /// Its length in bytes.
+    bytes: usize,
+}
+
+/// The head that `quant`'s repacking moves, or `None` for types stored as they are.
+fn repacked_head(quant: QuantType) -> Option<BlockHead> {
     match quant {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => Some(0),
-        QuantType::Q6K => Some(208),
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => Some(BlockHead { at: 0, bytes: 2 }),
+        QuantType::Q4_1 => Some(BlockHead { at: 0, bytes: 4 }),
+        QuantType::Q6K => Some(BlockHead { at: 208, bytes: 2 }),
         QuantType::F32
         | QuantType::F16
         | QuantType::BF16
-        | QuantType::Q4_1
         | QuantType::Q5_1
         | QuantType::Q4K
         | QuantType::Q5K => None,
@@ -98,7 +111,10 @@ impl QuantMatrix {
             _ => vec![COMMON, decoder],
         };
         // The decoders that read a block's words once for 32 weights define load32 themselves.
-        if !matches!(quant, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q4K) {
+        if !matches!(
+            quant,
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q4K | QuantType::Q6K
+        ) {
             parts.push(BLOCK32);
         }
         parts
@@ -193,10 +209,13 @@ impl QuantMatrix {
             )));
         }
         let blocks = cols / quant.block_elements();
-        let row_words = match repacked_scale_offset(quant) {
-            Some(_) => (blocks * (quant.block_bytes() - 2)).div_ceil(4) + blocks.div_ceil(2),
+        let row_words = match repacked_head(quant) {
+            Some(head) => {
+                (blocks * (quant.block_bytes() - head.bytes)).div_ceil(4) + (blocks * head.bytes).div_ceil(4)
+            }
             None => row_bytes / 4,
-        };
+        }
+        .next_multiple_of(4);
         let chunk_limit = max_chunk_bytes.min(ctx.max_binding_bytes());
         let rows_per_chunk = (chunk_limit / (row_words as u64 * 4)).min(u32::MAX as u64) as usize;
         if rows_per_chunk == 0 {
@@ -254,11 +273,19 @@ impl QuantMatrix {
                 if !run.is_empty() {
                     let src = &part[(run.start - part_start) * row_bytes..(run.end - part_start) * row_bytes];
                     let at = written * gpu_row_bytes;
-                    match repacked_scale_offset(self.quant) {
-                        None => view.slice(at..at + src.len()).copy_from_slice(src),
-                        Some(scale_at) => {
+                    match repacked_head(self.quant) {
+                        None if row_bytes == gpu_row_bytes => {
+                            view.slice(at..at + src.len()).copy_from_slice(src)
+                        }
+                        None => {
                             for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
-                                repack_row(self.quant, scale_at, src_row, &mut repacked);
+                                let row_at = at + i * gpu_row_bytes;
+                                view.slice(row_at..row_at + row_bytes).copy_from_slice(src_row);
+                            }
+                        }
+                        Some(head) => {
+                            for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
+                                repack_row(self.quant, head, src_row, &mut repacked);
                                 let row_at = at + i * gpu_row_bytes;
                                 view.slice(row_at..row_at + gpu_row_bytes).copy_from_slice(&repacked);
                             }
@@ -321,16 +348,18 @@ impl QuantMatrix {
 }
 
 /// Writes one GGUF row of a repacked type into `out` (its GPU layout): block bodies without
-/// the 2 scale bytes at `scale_at`, then the scales; the padding stays zero.
-fn repack_row(quant: QuantType, scale_at: usize, src: &[u8], out: &mut [u8]) {
-    let body_bytes = quant.block_bytes() - 2;
+/// their `head`, then the heads; the padding stays zero.
+fn repack_row(quant: QuantType, head: BlockHead, src: &[u8], out: &mut [u8]) {
+    let body_bytes = quant.block_bytes() - head.bytes;
     let blocks = src.len() / quant.block_bytes();
-    let scales_at = (blocks * body_bytes).next_multiple_of(4);
+    let heads_at = (blocks * body_bytes).next_multiple_of(4);
+    let head_range = head.at..head.at + head.bytes;
     for (b, block) in src.chunks_exact(quant.block_bytes()).enumerate() {
         let body = &mut out[b * body_bytes..(b + 1) * body_bytes];
-        body[..scale_at].copy_from_slice(&block[..scale_at]);
-        body[scale_at..].copy_from_slice(&block[scale_at + 2..]);
-        out[scales_at + 2 * b..scales_at + 2 * b + 2].copy_from_slice(&block[scale_at..scale_at + 2]);
+        body[..head.at].copy_from_slice(&block[..head.at]);
+        body[head.at..].copy_from_slice(&block[head_range.end..]);
+        let at = heads_at + head.bytes * b;
+        out[at..at + head.bytes].copy_from_slice(&block[head_range.clone()]);
     }
 }
 
@@ -353,18 +382,33 @@ mod tests {
     fn unaligned_types_are_repacked_scales_last() {
         let ctx = gpu();
         let mut rng = Rng::new("repack");
-        // Q8_0, 3 blocks a row: bodies of 32 bytes, then 3 scales in 2 words.
+        // Q8_0, 3 blocks a row: bodies of 32 bytes, then 3 scales in 2 words, padded to 28
+        // words.
         let src = random_rows(QuantType::Q8_0, 2, 96, &mut rng);
         let matrix = QuantMatrix::upload(ctx, "q8", QuantType::Q8_0, 2, 96, &src).unwrap();
-        assert_eq!(matrix.row_words(), 3 * 8 + 2);
+        assert_eq!(matrix.row_words(), 28);
         let got = read_back(ctx, &matrix);
         for r in 0..2 {
-            let (row, gpu_row) = (&src[r * 102..(r + 1) * 102], &got[r * 104..(r + 1) * 104]);
+            let (row, gpu_row) = (&src[r * 102..(r + 1) * 102], &got[r * 112..(r + 1) * 112]);
             for b in 0..3 {
                 assert_eq!(&gpu_row[32 * b..32 * b + 32], &row[34 * b + 2..34 * b + 34], "row {r} body {b}");
                 assert_eq!(&gpu_row[96 + 2 * b..98 + 2 * b], &row[34 * b..34 * b + 2], "row {r} scale {b}");
             }
-            assert_eq!(&gpu_row[102..], &[0, 0]);
+            assert!(gpu_row[102..].iter().all(|&b| b == 0), "row {r} padding");
+        }
+        // Q4_1, 3 blocks a row: nibbles of 16 bytes, then 3 (d, m) pairs of 4 bytes, padded to
+        // 16 words.
+        let src = random_rows(QuantType::Q4_1, 2, 96, &mut rng);
+        let matrix = QuantMatrix::upload(ctx, "q4_1", QuantType::Q4_1, 2, 96, &src).unwrap();
+        assert_eq!(matrix.row_words(), 16);
+        let got = read_back(ctx, &matrix);
+        for r in 0..2 {
+            let (row, gpu_row) = (&src[r * 60..(r + 1) * 60], &got[r * 64..(r + 1) * 64]);
+            for b in 0..3 {
+                assert_eq!(&gpu_row[16 * b..16 * b + 16], &row[20 * b + 4..20 * b + 20], "row {r} body {b}");
+                assert_eq!(&gpu_row[48 + 4 * b..52 + 4 * b], &row[20 * b..20 * b + 4], "row {r} head {b}");
+            }
+            assert!(gpu_row[60..].iter().all(|&b| b == 0), "row {r} padding");
         }
     }
 
@@ -379,6 +423,16 @@ mod tests {
         let rows: Vec<(usize, usize)> = matrix.chunks().iter().map(|c| (c.first_row, c.rows)).collect();
         assert_eq!(rows, [(0, 3), (3, 3), (6, 1)]);
         assert_eq!(read_back(ctx, &matrix), src);
+        // Q5_1 rows of 2 blocks are 12 words, already a multiple of 4; of 1 block, 6 words, padded
+        // to 8.
+        let src = random_rows(QuantType::Q5_1, 3, 32, &mut rng);
+        let matrix = QuantMatrix::upload(ctx, "q5_1", QuantType::Q5_1, 3, 32, &src).unwrap();
+        assert_eq!(matrix.row_words(), 8);
+        let got = read_back(ctx, &matrix);
+        for r in 0..3 {
+            assert_eq!(&got[r * 32..r * 32 + 24], &src[r * 24..(r + 1) * 24], "row {r}");
+            assert_eq!(&got[r * 32 + 24..(r + 1) * 32], &[0; 8], "row {r} padding");
+        }
     }
 
     #[test]
