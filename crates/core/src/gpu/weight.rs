@@ -10,11 +10,13 @@
 //! - Q4_0, Q5_0, Q8_0 and Q6_K blocks are 18, 22, 34 and 210 bytes, so in GGUF every other
 //!   block starts in the middle of a word; Q4_1's 20-byte blocks are whole words but put their
 //!   16 bytes of nibbles one word off a 16-byte boundary. Their rows are repacked at upload:
-//!   first each block without its f16 scale (Q4_1: its f16 scale and offset), back to back
-//!   (16, 20, 32, 208 and 16 bytes), then the row's scales, two per word (Q4_1: one pair per
-//!   word). This costs a few bytes of padding a row (padding each block to a word would cost
-//!   up to 11%) and spares every load in the kernels the two-word shifting that unaligned
-//!   reads need.
+//!   first each block without its f16 scale (Q4_1: its f16 scale and offset; Q5_0: its scale
+//!   and its 4 bytes of fifth bits), back to back (16, 16, 32, 208 and 16 bytes: the 32
+//!   weights' low bits of Q4_0, Q5_0, Q4_1 and Q8_0 are whole 16-byte pieces), then what was
+//!   taken out, one array per field from a word boundary (scales two per word; Q4_1's pairs
+//!   and Q5_0's fifth bits one per word). This costs a few bytes of padding a row (padding each
+//!   block to a word would cost up to 11%) and spares every load in the kernels the two-word
+//!   shifting that unaligned reads need.
 
 use std::ops::Range;
 
@@ -52,29 +54,65 @@ pub(crate) struct WeightChunk {
     _memory: Reservation,
 }
 
-/// The bytes of a block that a repacked type moves to the end of the row (see the module
-/// comment): its f16 scale, or Q4_1's f16 scale and offset.
+/// Bytes `at .. at + len` of a GGUF block.
 #[derive(Clone, Copy)]
-struct BlockHead {
-    /// Where the head sits in the GGUF block.
+struct Field {
     at: usize,
-    /// Its length in bytes.
-    bytes: usize,
+    len: usize,
 }
 
-/// The head that `quant`'s repacking moves, or `None` for types stored as they are.
-fn repacked_head(quant: QuantType) -> Option<BlockHead> {
+impl Field {
+    fn range(self) -> Range<usize> {
+        self.at..self.at + self.len
+    }
+}
+
+/// The fields that a repacked type moves out of its blocks into arrays after the row's block
+/// bodies (see the module comment), in the order of those arrays: byte ranges of the GGUF block
+/// (its f16 scale; Q4_1's scale and offset; Q5_0's fifth bits, then its scale). Empty for types
+/// stored as they are.
+fn moved_fields(quant: QuantType) -> &'static [Field] {
+    const SCALE_FIRST: Field = Field { at: 0, len: 2 };
     match quant {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => Some(BlockHead { at: 0, bytes: 2 }),
-        QuantType::Q4_1 => Some(BlockHead { at: 0, bytes: 4 }),
-        QuantType::Q6K => Some(BlockHead { at: 208, bytes: 2 }),
+        QuantType::Q4_0 | QuantType::Q8_0 => &[SCALE_FIRST],
+        QuantType::Q5_0 => &[Field { at: 2, len: 4 }, SCALE_FIRST],
+        QuantType::Q4_1 => &[Field { at: 0, len: 4 }],
+        QuantType::Q6K => &[Field { at: 208, len: 2 }],
         QuantType::F32
         | QuantType::F16
         | QuantType::BF16
         | QuantType::Q5_1
         | QuantType::Q4K
-        | QuantType::Q5K => None,
+        | QuantType::Q5K => &[],
     }
+}
+
+/// The byte ranges of a GGUF block that stay in its body when `fields` move out, in order.
+fn body_ranges(block_bytes: usize, fields: &[Field]) -> Vec<Range<usize>> {
+    let mut moved: Vec<Range<usize>> = fields.iter().map(|field| field.range()).collect();
+    moved.sort_by_key(|field| field.start);
+    let mut body = Vec::new();
+    let mut at = 0;
+    for field in moved {
+        if field.start > at {
+            body.push(at..field.start);
+        }
+        at = field.end;
+    }
+    if at < block_bytes {
+        body.push(at..block_bytes);
+    }
+    body
+}
+
+/// Words a row of `blocks` blocks takes in the GPU layout: the bodies (each a whole number of
+/// words), then each moved field's array from a word boundary, padded to 16 bytes.
+fn gpu_row_words(quant: QuantType, blocks: usize) -> usize {
+    let fields = moved_fields(quant);
+    let moved_bytes: usize = fields.iter().map(|field| field.len).sum();
+    let body_words = (blocks * (quant.block_bytes() - moved_bytes)).div_ceil(4);
+    let field_words: usize = fields.iter().map(|field| (blocks * field.len).div_ceil(4)).sum();
+    (body_words + field_words).next_multiple_of(4)
 }
 
 fn shape_error(reason: String) -> Error {
@@ -113,7 +151,12 @@ impl QuantMatrix {
         // The decoders that read a block's words once for 32 weights define load32 themselves.
         if !matches!(
             quant,
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q4K | QuantType::Q6K
+            QuantType::Q4_0
+                | QuantType::Q4_1
+                | QuantType::Q5_0
+                | QuantType::Q8_0
+                | QuantType::Q4K
+                | QuantType::Q6K
         ) {
             parts.push(BLOCK32);
         }
@@ -209,13 +252,7 @@ impl QuantMatrix {
             )));
         }
         let blocks = cols / quant.block_elements();
-        let row_words = match repacked_head(quant) {
-            Some(head) => {
-                (blocks * (quant.block_bytes() - head.bytes)).div_ceil(4) + (blocks * head.bytes).div_ceil(4)
-            }
-            None => row_bytes / 4,
-        }
-        .next_multiple_of(4);
+        let row_words = gpu_row_words(quant, blocks);
         let chunk_limit = max_chunk_bytes.min(ctx.max_binding_bytes());
         let rows_per_chunk = (chunk_limit / (row_words as u64 * 4)).min(u32::MAX as u64) as usize;
         if rows_per_chunk == 0 {
@@ -268,27 +305,20 @@ impl QuantMatrix {
             let mut written = 0;
             let mut part_start = 0;
             let mut repacked = vec![0u8; gpu_row_bytes];
+            let body = body_ranges(self.quant.block_bytes(), moved_fields(self.quant));
             for (part, &part_rows) in parts.iter().zip(&self.part_rows) {
                 let run = rows.start.max(part_start)..rows.end.min(part_start + part_rows);
                 if !run.is_empty() {
                     let src = &part[(run.start - part_start) * row_bytes..(run.end - part_start) * row_bytes];
                     let at = written * gpu_row_bytes;
-                    match repacked_head(self.quant) {
-                        None if row_bytes == gpu_row_bytes => {
-                            view.slice(at..at + src.len()).copy_from_slice(src)
-                        }
-                        None => {
-                            for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
-                                let row_at = at + i * gpu_row_bytes;
-                                view.slice(row_at..row_at + row_bytes).copy_from_slice(src_row);
-                            }
-                        }
-                        Some(head) => {
-                            for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
-                                repack_row(self.quant, head, src_row, &mut repacked);
-                                let row_at = at + i * gpu_row_bytes;
-                                view.slice(row_at..row_at + gpu_row_bytes).copy_from_slice(&repacked);
-                            }
+                    let fields = moved_fields(self.quant);
+                    if fields.is_empty() && row_bytes == gpu_row_bytes {
+                        view.slice(at..at + src.len()).copy_from_slice(src);
+                    } else {
+                        for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
+                            repack_row(self.quant, fields, &body, src_row, &mut repacked);
+                            let row_at = at + i * gpu_row_bytes;
+                            view.slice(row_at..row_at + gpu_row_bytes).copy_from_slice(&repacked);
                         }
                     }
                     written += run.len();
@@ -347,19 +377,27 @@ impl QuantMatrix {
     }
 }
 
-/// Writes one GGUF row of a repacked type into `out` (its GPU layout): block bodies without
-/// their `head`, then the heads; the padding stays zero.
-fn repack_row(quant: QuantType, head: BlockHead, src: &[u8], out: &mut [u8]) {
-    let body_bytes = quant.block_bytes() - head.bytes;
-    let blocks = src.len() / quant.block_bytes();
-    let heads_at = (blocks * body_bytes).next_multiple_of(4);
-    let head_range = head.at..head.at + head.bytes;
-    for (b, block) in src.chunks_exact(quant.block_bytes()).enumerate() {
-        let body = &mut out[b * body_bytes..(b + 1) * body_bytes];
-        body[..head.at].copy_from_slice(&block[..head.at]);
-        body[head.at..].copy_from_slice(&block[head_range.end..]);
-        let at = heads_at + head.bytes * b;
-        out[at..at + head.bytes].copy_from_slice(&block[head_range.clone()]);
+/// Writes one GGUF row into `out` in its GPU layout: the `body` bytes of each block back to
+/// back, then each of the moved `fields` as an array from a word boundary; the padding stays
+/// zero. With no moved fields this copies the row.
+fn repack_row(quant: QuantType, fields: &[Field], body: &[Range<usize>], src: &[u8], out: &mut [u8]) {
+    let block_bytes = quant.block_bytes();
+    let body_bytes: usize = body.iter().map(|range| range.len()).sum();
+    let blocks = src.len() / block_bytes;
+    let mut at = 0;
+    for block in src.chunks_exact(block_bytes) {
+        for range in body {
+            out[at..at + range.len()].copy_from_slice(&block[range.clone()]);
+            at += range.len();
+        }
+    }
+    let mut array_at = (blocks * body_bytes).next_multiple_of(4);
+    for field in fields {
+        for (b, block) in src.chunks_exact(block_bytes).enumerate() {
+            let at = array_at + b * field.len;
+            out[at..at + field.len].copy_from_slice(&block[field.range()]);
+        }
+        array_at = (array_at + blocks * field.len).next_multiple_of(4);
     }
 }
 
@@ -409,6 +447,21 @@ mod tests {
                 assert_eq!(&gpu_row[48 + 4 * b..52 + 4 * b], &row[20 * b..20 * b + 4], "row {r} head {b}");
             }
             assert!(gpu_row[60..].iter().all(|&b| b == 0), "row {r} padding");
+        }
+        // Q5_0, 3 blocks a row: low nibbles of 16 bytes, then 3 qh words, then 3 scales in 2
+        // words, padded to 20 words.
+        let src = random_rows(QuantType::Q5_0, 2, 96, &mut rng);
+        let matrix = QuantMatrix::upload(ctx, "q5_0", QuantType::Q5_0, 2, 96, &src).unwrap();
+        assert_eq!(matrix.row_words(), 20);
+        let got = read_back(ctx, &matrix);
+        for r in 0..2 {
+            let (row, gpu_row) = (&src[r * 66..(r + 1) * 66], &got[r * 80..(r + 1) * 80]);
+            for b in 0..3 {
+                assert_eq!(&gpu_row[16 * b..16 * b + 16], &row[22 * b + 6..22 * b + 22], "row {r} body {b}");
+                assert_eq!(&gpu_row[48 + 4 * b..52 + 4 * b], &row[22 * b + 2..22 * b + 6], "row {r} qh {b}");
+                assert_eq!(&gpu_row[60 + 2 * b..62 + 2 * b], &row[22 * b..22 * b + 2], "row {r} scale {b}");
+            }
+            assert!(gpu_row[66..].iter().all(|&b| b == 0), "row {r} padding");
         }
     }
 

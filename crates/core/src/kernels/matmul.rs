@@ -54,6 +54,29 @@ struct Variant {
     x_broadcast: bool,
 }
 
+/// How much code a type's block decoder is, which bounds the tile a CPU device runs well.
+#[derive(Clone, Copy)]
+enum DecoderSize {
+    Small,
+    Medium,
+    Large,
+}
+
+impl DecoderSize {
+    fn of(quant: QuantType) -> Self {
+        match quant {
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => DecoderSize::Small,
+            QuantType::Q5_0
+            | QuantType::Q4K
+            | QuantType::Q6K
+            | QuantType::F16
+            | QuantType::BF16
+            | QuantType::F32 => DecoderSize::Medium,
+            QuantType::Q5_1 | QuantType::Q5K => DecoderSize::Large,
+        }
+    }
+}
+
 impl Variant {
     /// The variant for `batch` rows of activations on this device.
     ///
@@ -70,11 +93,17 @@ impl Variant {
     /// workgroups for the device's threads to share (64 invocations × 4 rows made one, and the
     /// 576-row projections two: at 16 batch rows the 576 × 1536 product took 3.6 ms against 2.2
     /// with workgroups of 8, min of 5 interleaved runs). Tiles measured the same way: 8 rows at
-    /// batch 1, 4 × 4 up to 4, 2 × 8 up to 8, 8 × 16 beyond.
+    /// batch 1, 4 × 4 up to 4, 2 × 8 up to 8, 8 × 16 beyond, for the types with small block
+    /// decoders (Q4_0, Q4_1, Q8_0). Larger decoders make the kernel's loops over the tile too
+    /// large for the driver to unroll (Mesa's NIR unroller has a size limit), and a loop left
+    /// rolled keeps the tile's arrays in memory with per-lane indexing: 6-10x slower (Q5_0,
+    /// 1536 × 768 at batch 1: 4.7 ms with 8 rows, 0.7 with 2 or 4). So the other types take
+    /// tiles of 2 × 1, 2 × 4 and 2 × 8, and Q5_1 and Q5_K, whose decoders are the largest, 1 × 1,
+    /// 1 × 4 and 4 × 16 (the best of a sweep of each type on 1536 × 768 at batch 1 and 16).
     /// GPUs want many invocations per row for coalesced loads: 32 (a warp on NVIDIA, within
     /// every subgroup size but Intel's and WARP's, hence the min), added by subgroup shuffles
     /// where available; their tiles stay at one row and at most 8 batch rows.
-    fn choose(ctx: &GpuContext, batch: usize) -> Self {
+    fn choose(ctx: &GpuContext, quant: QuantType, batch: usize) -> Self {
         let batch_tile = match batch {
             1 => 1,
             2..=4 => 4,
@@ -84,12 +113,18 @@ impl Variant {
         let info = ctx.adapter_info();
         if info.device_type == wgpu::DeviceType::Cpu {
             let x_broadcast = ctx.features().subgroups && info.subgroup_min_size >= 8;
-            let (row_tile, batch_tile) = match batch {
-                1 if !x_broadcast => (2, 1),
-                1 => (8, 1),
-                2..=4 => (4, 4),
-                5..=8 => (2, 8),
-                _ => (8, 16),
+            let (row_tile, batch_tile) = match (DecoderSize::of(quant), batch) {
+                (DecoderSize::Small, 1) if !x_broadcast => (2, 1),
+                (DecoderSize::Small, 1) => (8, 1),
+                (DecoderSize::Small, 2..=4) => (4, 4),
+                (DecoderSize::Small, 5..=8) => (2, 8),
+                (DecoderSize::Small, _) => (8, 16),
+                (DecoderSize::Medium, 1) => (2, 1),
+                (DecoderSize::Medium, 2..=4) => (2, 4),
+                (DecoderSize::Medium, _) => (2, 8),
+                (DecoderSize::Large, 1) => (1, 1),
+                (DecoderSize::Large, 2..=4) => (1, 4),
+                (DecoderSize::Large, _) => (4, 16),
             };
             Variant {
                 wg_size: CPU_WG_SIZE,
@@ -286,7 +321,7 @@ fn run(
     variant: Option<Variant>,
 ) -> Result<()> {
     let batch = batch_rows(weight, input, outputs)?;
-    let variant = variant.unwrap_or_else(|| Variant::choose(ctx, batch));
+    let variant = variant.unwrap_or_else(|| Variant::choose(ctx, weight.quant(), batch));
     record(ctx, encoder, weight, input, outputs, batch, variant)
 }
 
@@ -816,7 +851,7 @@ mod tests {
                 let x =
                     Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap();
                 let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
-                let variant = Variant::choose(ctx, batch);
+                let variant = Variant::choose(ctx, quant, batch);
                 let run = |reps: usize| {
                     let mut encoder = ctx.encoder("timing");
                     for _ in 0..reps {
