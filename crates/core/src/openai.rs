@@ -281,6 +281,19 @@ impl ResponseFormat {
     }
 }
 
+/// The name in OpenAI's requests of a field of the engine's request contract, for the errors
+/// that name it: `max_new_tokens` is `max_tokens`, `json_schema` is `response_format`...
+pub fn field_name(engine_field: &str) -> &str {
+    match engine_field {
+        "max_new_tokens" => "max_tokens",
+        "min_new_tokens" => "min_tokens",
+        "top_logprobs_num" => "top_logprobs",
+        "text" | "input_ids" => "prompt",
+        "json_schema" | "regex" | "grammar" => "response_format",
+        other => other,
+    }
+}
+
 /// `logit_bias` keyed by token id.
 fn token_id_bias(bias: &HashMap<String, f32>) -> Result<BTreeMap<u32, f32>> {
     bias.iter()

@@ -294,8 +294,15 @@ async fn next_output(state: &RefCell<StreamState>) -> Result<Option<GenerateOutp
     Ok(item.transpose()?)
 }
 
-/// The next item in the stream's shape, as JSON.
+/// The next item in the stream's shape, as JSON; for a chat, an error names the parameter as
+/// the request named it.
 async fn next_item(state: &RefCell<StreamState>) -> Result<Option<String>> {
+    let chat = !matches!(state.borrow().shape, Shape::Outputs);
+    let item = next_shaped_item(state).await;
+    if chat { item.map_err(openai::chat_error) } else { item }
+}
+
+async fn next_shaped_item(state: &RefCell<StreamState>) -> Result<Option<String>> {
     let response = matches!(state.borrow().shape, Shape::ChatResponse { .. });
     if response {
         let mut outputs = Vec::new();

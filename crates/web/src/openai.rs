@@ -6,7 +6,7 @@
 
 use flint_core::chat::ChatMessage;
 use flint_core::engine::{GenerateRequest, Prompts};
-use flint_core::openai::OpenAiRequest;
+use flint_core::openai::{OpenAiRequest, field_name};
 
 use crate::error::{Error, Result};
 
@@ -34,11 +34,7 @@ pub(crate) fn plan(
     }
     let ids = encode_chat(&messages)?;
     let max_new_tokens = request.chat_max_new_tokens(ids.len(), max_sequence_tokens);
-    let sampling = request.sampling_params(max_new_tokens).map_err(|error| match error {
-        // A `logit_bias` key that is not a token id.
-        flint_core::Error::InvalidParameter { field, reason } => Error::invalid(field, reason),
-        error => Error::from(error),
-    })?;
+    let sampling = request.sampling_params(max_new_tokens).map_err(|error| chat_error(error.into()))?;
     let stream = request.streams();
     Ok(ChatPlan {
         request: GenerateRequest {
@@ -52,6 +48,17 @@ pub(crate) fn plan(
         include_usage: request.include_usage(),
         model: request.model,
     })
+}
+
+/// An error of a chat request, a parameter that the engine refused named as the request names
+/// it (`max_tokens`, `response_format`), not as the engine's request contract does.
+pub(crate) fn chat_error(error: Error) -> Error {
+    match error {
+        Error::Core(flint_core::Error::InvalidParameter { field, reason }) => {
+            Error::invalid(field_name(field), reason)
+        }
+        error => error,
+    }
 }
 
 /// The fields of OpenAI's requests that the browser does not take: those of completions, and
@@ -122,5 +129,17 @@ mod tests {
         assert!(message("{}").starts_with("invalid 'messages'"));
         let bias = message(r#"{"messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"x": 1}}"#);
         assert_eq!(bias, "invalid 'logit_bias': keys are token ids; 'x' is not one");
+    }
+
+    #[test]
+    fn an_engine_error_names_the_field_of_the_request() {
+        let schema = flint_core::Error::InvalidParameter {
+            field: "json_schema",
+            reason: "it does not compile".into(),
+        };
+        assert_eq!(chat_error(schema.into()).to_string(), "invalid 'response_format': it does not compile");
+        let max = flint_core::Error::InvalidParameter { field: "max_new_tokens", reason: "too many".into() };
+        assert_eq!(chat_error(max.into()).to_string(), "invalid 'max_tokens': too many");
+        assert!(matches!(chat_error(Error::Unloaded), Error::Unloaded));
     }
 }
