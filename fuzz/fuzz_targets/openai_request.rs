@@ -3,7 +3,8 @@
 //! panic. A planned request's sampling parameters are then checked as the engine checks them.
 #![no_main]
 
-use flint_fuzz::openai::{Endpoint, parse_request};
+use flint_core::openai::Endpoint;
+use flint_fuzz::openai::{parse_request, plan};
 use flint_fuzz::vocabularies;
 use libfuzzer_sys::fuzz_target;
 
@@ -12,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     for endpoint in [Endpoint::Chat, Endpoint::Completion] {
         let Ok(request) = parse_request(data) else { return };
         let model = vocabulary.model.file_name.trim_end_matches(".gguf");
-        let Ok(plan) = request.plan(endpoint, model, vocabulary, "fuzz".into()) else { continue };
+        let Ok(plan) = plan(request, endpoint, model, vocabulary, "fuzz".into()) else { continue };
         let _ = plan.request.sampling.validate(vocabulary.tokenizer.vocab_size());
     }
 });

@@ -13,12 +13,12 @@ use flint_core::tokenizer::Tokenizer;
 use flint_e2e::{MODELS, ReferenceModel};
 
 // The request parser of `flint serve`, compiled from the server's own sources (the binary's
-// modules are in no library). `openai.rs` finds `api_error` beside it, as in the server. Only
-// the parsing half is used here.
+// modules are in no library); the request's shape is flint-core's `openai`. `openai.rs` finds
+// `api_error` beside it, as in the server. Only the parsing half is used here.
 #[allow(dead_code)]
 #[path = "../../crates/native/src/cli/serve/api_error.rs"]
 mod api_error;
-/// `flint serve`'s request types and parser (`crates/native/src/cli/serve/openai.rs`).
+/// `flint serve`'s request parser and its checks (`crates/native/src/cli/serve/openai.rs`).
 #[allow(dead_code)]
 #[path = "../../crates/native/src/cli/serve/openai.rs"]
 pub mod openai;

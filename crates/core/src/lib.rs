@@ -7,6 +7,7 @@
 //! - [`gpu`]: the wgpu device context, buffers and the compiled-pipeline cache.
 //! - [`kernels`]: the WGSL kernel library (in `shaders/`) and the Rust launchers that record them.
 //! - [`grammar`]: structured output, the token masks of JSON Schemas, regexes and grammars.
+//! - [`openai`]: OpenAI's request and response shapes, shared by flint's OpenAI front ends.
 
 pub mod chat;
 pub mod engine;
@@ -18,6 +19,7 @@ pub mod grammar;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod openai;
 pub mod quant;
 pub mod sample;
 pub mod tokenizer;

@@ -14,13 +14,14 @@ use flint_core::engine::{EngineOptions, GenerateOutput, GenerationStream};
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::model::ModelConfig;
+use flint_core::openai::{Endpoint, OpenAiRequest, Responder, Usage};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
 
 use crate::error::{Error, Result, from_json};
-use crate::openai::{ChatRequest, Responder, Usage};
+use crate::openai;
 use crate::params::generate_request;
 
 /// How to load a model: the engine's batching and cache options, in the JS wrapper's names.
@@ -90,11 +91,12 @@ impl Engine {
     /// `chat.completion` response.
     pub fn chat(&self, body: &str) -> Result<OutputStream, JsError> {
         let loaded = self.loaded()?;
-        let request: ChatRequest = from_json(body, "request")?;
+        let request: OpenAiRequest = from_json(body, "request")?;
         let id = next_id("chatcmpl");
         let encode = |messages: &[ChatMessage]| loaded.encode_chat(messages);
-        let plan = request.plan(encode, loaded.max_sequence_tokens, id.clone())?;
+        let plan = openai::plan(request, encode, loaded.max_sequence_tokens, id.clone())?;
         let responder = Responder {
+            endpoint: Endpoint::Chat,
             id: id.clone(),
             created: (js_sys::Date::now() / 1000.0) as u64,
             model: plan.model.unwrap_or_else(|| loaded.model.clone()),
@@ -292,8 +294,15 @@ async fn next_output(state: &RefCell<StreamState>) -> Result<Option<GenerateOutp
     Ok(item.transpose()?)
 }
 
-/// The next item in the stream's shape, as JSON.
+/// The next item in the stream's shape, as JSON; for a chat, an error names the parameter as
+/// the request named it.
 async fn next_item(state: &RefCell<StreamState>) -> Result<Option<String>> {
+    let chat = !matches!(state.borrow().shape, Shape::Outputs);
+    let item = next_shaped_item(state).await;
+    if chat { item.map_err(openai::chat_error) } else { item }
+}
+
+async fn next_shaped_item(state: &RefCell<StreamState>) -> Result<Option<String>> {
     let response = matches!(state.borrow().shape, Shape::ChatResponse { .. });
     if response {
         let mut outputs = Vec::new();
@@ -310,7 +319,8 @@ async fn next_item(state: &RefCell<StreamState>) -> Result<Option<String>> {
         for output in &outputs {
             usage.add(output, *n);
         }
-        return Ok(Some(responder.response(&outputs, &usage).to_string()));
+        // No choice has logprobs: the browser refuses them (`openai::plan`).
+        return Ok(Some(responder.response(&outputs, &usage, |_| Value::Null).to_string()));
     }
     let Some(output) = next_output(state).await? else {
         return Ok(state.borrow_mut().pending_usage.take());
@@ -327,7 +337,7 @@ async fn next_item(state: &RefCell<StreamState>) -> Result<Option<String>> {
                     state.pending_usage = Some(responder.usage_chunk(usage).to_string());
                 }
             }
-            responder.chunk(&output, first).to_string()
+            responder.chunk(&output, first, Value::Null).to_string()
         }
     };
     Ok(Some(json))

@@ -6,9 +6,10 @@
 // Checks: the WebGPU adapter comes up; the `npm pack` tarball installs in a separate project,
 // its `exports` resolve and its module runs in the page; a model loads from a URL with progress; greedy output
 // for llama.cpp's reference prompts equals native flint's token for token; streamed items
-// concatenate to the non-streamed output; the OpenAI chat shapes (whole and streamed); a bad
-// parameter is an Error naming it and the engine keeps working; an AbortSignal ends a request
-// with finish_reason abort, frees its KV blocks, and the next request still works; loading
+// concatenate to the non-streamed output; the OpenAI chat shapes (whole and streamed); output
+// constrained by a JSON Schema (`response_format`); a bad parameter is an Error naming it and
+// the engine keeps working; an AbortSignal ends a request with finish_reason abort, frees its
+// KV blocks, and the next request still works; loading
 // from a Blob and an ArrayBuffer; a second load of a URL from the Cache API without a request;
 // the same API with the engine in a Web Worker; the demo page answers (its screenshot is saved
 // in FLINT_WEB_ARTIFACTS); unload.
@@ -199,6 +200,39 @@ try {
     assert.equal(deltas.map((chunk) => chunk.choices[0].delta.content).join(''), choice.message.content);
     assert.equal(deltas.at(-1).choices[0].finish_reason, choice.finish_reason);
     return `${JSON.stringify(choice.message.content)} in ${deltas.length} chunks`;
+  });
+
+  await test('chat.completions.create with a strict json_schema response_format; a bad schema is an Error naming it', async () => {
+    const { response, badSchema } = await inPage(async () => {
+      const engine = window.engine;
+      const messages = [{ role: 'user', content: 'Is Paris the capital of France? Answer yes or no.' }];
+      // The whole answer is a few tokens ("yes" in quotes), so SwiftShader's decode stays short.
+      const json_schema = { name: 'answer', schema: { type: 'string', enum: ['yes', 'no'] }, strict: true };
+      const response = await engine.chat.completions.create({
+        messages,
+        temperature: 0,
+        max_tokens: 8,
+        response_format: { type: 'json_schema', json_schema },
+      });
+      let badSchema;
+      try {
+        await engine.chat.completions.create({
+          messages,
+          max_tokens: 4,
+          response_format: { type: 'json_schema', json_schema: { name: 'bad', schema: { type: 'no-such-type' } } },
+        });
+        badSchema = 'no error';
+      } catch (error) {
+        badSchema = `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
+      }
+      return { response, badSchema };
+    });
+    const [choice] = response.choices;
+    const answer = JSON.parse(choice.message.content);
+    assert.ok(['yes', 'no'].includes(answer), `${JSON.stringify(answer)} is not in the schema's enum`);
+    assert.equal(choice.finish_reason, 'stop');
+    assert.match(badSchema, /^Error: .*'response_format'/);
+    return `${choice.message.content} in ${response.usage.completion_tokens} tokens; ${badSchema}`;
   });
 
   await test('a bad parameter is an Error naming it, and the engine keeps working', async () => {

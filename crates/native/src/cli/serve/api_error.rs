@@ -71,7 +71,7 @@ impl From<flint_native::Error> for ApiError {
         let message = error.to_string();
         match &error {
             Native::Core(Core::InvalidParameter { field, .. }) => {
-                ApiError::invalid(message, Some(openai_name(field)))
+                ApiError::invalid(message, Some(flint_core::openai::field_name(field)))
             }
             Native::Core(Core::TokenOutOfVocabulary { .. }) => ApiError::invalid(message, Some("prompt")),
             // The request's schema allows nothing its other parameters let the model draw.
@@ -102,18 +102,6 @@ impl From<flint_native::Error> for ApiError {
 impl From<flint_core::Error> for ApiError {
     fn from(error: flint_core::Error) -> Self {
         flint_native::Error::from(error).into()
-    }
-}
-
-/// The OpenAI name of a field of the engine's request contract.
-fn openai_name(field: &str) -> &str {
-    match field {
-        "max_new_tokens" => "max_tokens",
-        "min_new_tokens" => "min_tokens",
-        "top_logprobs_num" => "top_logprobs",
-        "text" | "input_ids" => "prompt",
-        "json_schema" | "regex" | "grammar" => "response_format",
-        other => other,
     }
 }
 

@@ -34,7 +34,8 @@ use serde_json::json;
 use super::generate::engine_options;
 use super::model::ModelArg;
 use api_error::ApiError;
-use openai::{Endpoint, Plan, Responder, Usage, parse_request};
+use flint_core::openai::{Endpoint, Responder, Usage};
+use openai::{Plan, parse_request};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -165,7 +166,7 @@ async fn generate(
         Endpoint::Completion => "cmpl",
     };
     let id = format!("{prefix}-{}-{}", server.started, server.next_request.fetch_add(1, Ordering::Relaxed));
-    let mut plan = request.plan(endpoint, &server.model_id, &server.llm, id.clone())?;
+    let mut plan = openai::plan(request, endpoint, &server.model_id, &server.llm, id.clone())?;
     let mut stream = server.llm.engine()?.generate(std::mem::take(&mut plan.request));
     // The first item comes after the prompt's prefill: an invalid request fails here with its
     // 400, before a streamed response commits to 200.
@@ -173,7 +174,8 @@ async fn generate(
         Some(item) => item?,
         None => return Err(server.llm.health().err().map_or_else(no_output, ApiError::from)),
     };
-    let answer = Answer { server, endpoint, id, created: unix_now(), plan };
+    let responder = Responder { endpoint, id, created: unix_now(), model: server.model_id.clone() };
+    let answer = Answer { server, responder, plan };
     if answer.plan.stream { Ok(answer.stream(first, stream)) } else { answer.whole(first, stream).await }
 }
 
@@ -184,22 +186,15 @@ fn no_output() -> ApiError {
 /// One request on its way to the client.
 struct Answer {
     server: Arc<Server>,
-    endpoint: Endpoint,
-    id: String,
-    /// Unix seconds, the same in every chunk of a stream.
-    created: u64,
+    /// Its objects, with one `id` and `created` for all the chunks of a stream.
+    responder: Responder,
     plan: Plan,
 }
 
 impl Answer {
-    fn responder(&self) -> Responder<'_> {
-        Responder {
-            endpoint: self.endpoint,
-            id: &self.id,
-            created: self.created,
-            model: &self.server.model_id,
-            llm: &self.server.llm,
-        }
+    /// An output's logprobs as the endpoint shows them; `text_offset` as [`openai::logprobs`].
+    fn logprobs(&self, output: &GenerateOutput, text_offset: &mut usize) -> serde_json::Value {
+        openai::logprobs(self.responder.endpoint, self.server.llm.tokenizer(), output, text_offset)
     }
 
     /// The whole answer as one JSON object.
@@ -217,7 +212,8 @@ impl Answer {
         for output in &outputs {
             usage.add(output, self.plan.n);
         }
-        Ok(Json(self.responder().response(&outputs, &usage)).into_response())
+        let response = self.responder.response(&outputs, &usage, |output| self.logprobs(output, &mut 0));
+        Ok(Json(response).into_response())
     }
 
     /// The answer as server-sent events: one chunk per output item, then `data: [DONE]`.
@@ -294,7 +290,8 @@ impl Streaming {
         if self.offsets.len() <= output.index {
             self.offsets.resize(output.index + 1, 0);
         }
-        let chunk = self.answer.responder().chunk(&output, role, &mut self.offsets[output.index]);
+        let logprobs = self.answer.logprobs(&output, &mut self.offsets[output.index]);
+        let chunk = self.answer.responder.chunk(&output, role, logprobs);
         self.pending.push_back(Event::default().data(chunk.to_string()));
     }
 
@@ -303,7 +300,7 @@ impl Streaming {
         if let Some(error) = error {
             self.pending.push_back(Event::default().data(error.body().to_string()));
         } else if self.answer.plan.include_usage {
-            let chunk = self.answer.responder().usage_chunk(&self.usage);
+            let chunk = self.answer.responder.usage_chunk(&self.usage);
             self.pending.push_back(Event::default().data(chunk.to_string()));
         }
         self.pending.push_back(Event::default().data("[DONE]"));
