@@ -14,6 +14,9 @@
 //! logits = rms_norm(x)·Eᵀ                                     (tied to the embedding E)
 //! ```
 //!
+//! Each post-norm, its residual add and the next pre-norm run as one pass
+//! ([`rms_norm_residual`]): the layer's attention input is normalised by the previous joint.
+//!
 //! Gemma's checkpoints scale by `1 + w` in every RMSNorm; llama.cpp's converter adds the 1 to
 //! the weights it writes (the norms of gemma-3-270m's GGUF average 2 to 26, not 0 to 1), so
 //! the GGUF weights scale as they are ([`NormWeight::Scale`]).
@@ -21,10 +24,10 @@
 use crate::Result;
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{AttentionOptions, rope_and_store_kv};
-use crate::kernels::elementwise::{GatedActivation, add_in_place, scale_in_place};
+use crate::kernels::elementwise::{GatedActivation, scale_in_place};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{GatedInput, matmul, matmul_gated};
-use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place};
+use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place, rms_norm_residual};
 use crate::kernels::rope::{Rope, RopeConfig};
 use crate::kv::KvCache;
 use crate::model::Activations;
@@ -141,12 +144,14 @@ impl Gemma3 {
             sliding_window: self.config.sliding_window.map(|swa| swa.window_tokens),
             ..global
         };
+        if let Some(first) = self.layers.first() {
+            rms_norm(ctx, encoder, &self.norm(&first.attn_norm), &x, &s.normed)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             let (rotary, attention) =
                 if layer.local { (&self.local_rope, &local) } else { (&self.global_rope, &global) };
 
-            // Self-attention, normalised before and after.
-            rms_norm(ctx, encoder, &self.norm(&layer.attn_norm), &x, &s.normed)?;
+            // Self-attention of the normalised x, normalised after; then the FFN's input norm.
             layer.attn_qkv.forward(ctx, encoder, &s.normed, &[&s.q, &s.k, &s.v])?;
             rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_q_norm), &s.q)?;
             rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_k_norm), &s.k)?;
@@ -154,16 +159,16 @@ impl Gemma3 {
             rope_and_store_kv(ctx, encoder, rotary, &s.q, &s.k, &s.v, &step.positions, &kv, &step.slots)?;
             step.attention(ctx, encoder, &s.q, &kv, attention, &s.attention)?;
             matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
-            rms_norm_in_place(ctx, encoder, &self.norm(&layer.post_attention_norm), &s.projected)?;
-            add_in_place(ctx, encoder, &x, &s.projected)?;
+            let (post, ffn_norm) = (self.norm(&layer.post_attention_norm), self.norm(&layer.ffn_norm));
+            rms_norm_residual(ctx, encoder, &post, &s.projected, &x, Some((&ffn_norm, &s.normed)))?;
 
-            // Feed-forward (GeGLU), normalised before and after.
-            rms_norm(ctx, encoder, &self.norm(&layer.ffn_norm), &x, &s.normed)?;
+            // Feed-forward (GeGLU), normalised after; then the next layer's input norm.
             layer.ffn_gate_up.forward(ctx, encoder, &s.normed, &[&s.gate, &s.up])?;
             let gated = GatedInput { activation: GatedActivation::GeluTanh, gate: &s.gate, up: &s.up };
             matmul_gated(ctx, encoder, &layer.ffn_down, &gated, &s.projected)?;
-            rms_norm_in_place(ctx, encoder, &self.norm(&layer.post_ffw_norm), &s.projected)?;
-            add_in_place(ctx, encoder, &x, &s.projected)?;
+            let next_norm = self.layers.get(i + 1).map(|next| self.norm(&next.attn_norm));
+            let next = next_norm.as_ref().map(|norm| (norm, &s.normed));
+            rms_norm_residual(ctx, encoder, &self.norm(&layer.post_ffw_norm), &s.projected, &x, next)?;
         }
         let lm_head = self.output.as_ref().unwrap_or(&self.token_embd);
         step.logits(ctx, encoder, &x, &self.norm(&self.output_norm), lm_head)
