@@ -1,36 +1,153 @@
-// Decode attention over a paged KV cache: one query row per sequence, at position
+// Decode attention over a paged KV cache: one new token per sequence, at position
 // context_lens[s] - 1, attending to keys 0 .. context_lens[s] of that sequence (the last `window`
-// of them with a sliding window). Follows attention.wgsl.
+// of them with a sliding window), its own included. Follows rope_common.wgsl and attention.wgsl.
 //
-// Layout: q and out [n_seqs, n_heads, HEAD_DIM] f32; context_lens u32 [n_seqs]; block_table
-// u32 [n_seqs, max_blocks_per_seq]; k_cache, v_cache as in attention.wgsl.
+// The new token arrives as its projections: its query heads are normalised (HEAD_NORMS: an
+// RMSNorm per head), rotated (rope) and scaled here; its key likewise, unscaled; its key and
+// value are written to the token's cache slot for later steps. This dispatch never reads that
+// slot: every workgroup (or invocation) that needs the new key computes it from k_new itself and
+// takes the new value from v_new, since another one writes the slot with no ordering between
+// them. Exactly one, the first chunk of each (sequence, kv head), writes it.
+//
+// Layout: q and out [n_seqs, n_heads, HEAD_DIM] f32; k_new and v_new [n_seqs, n_kv_heads,
+// HEAD_DIM] f32; context_lens u32 [n_seqs]; block_table u32 [n_seqs, max_blocks_per_seq];
+// k_cache, v_cache as in attention.wgsl; head_constants: see HeadConstants.
 // Workgroup: WG invocations per (sequence, kv head, chunk of GROUP_HEADS of the query heads that
 // share that kv head), linear index (seq * n_kv_heads + kv_head) * chunks + chunk on a 1-D or
-// 2-D grid, so each key and value is read once for all the chunk's heads. Keys are walked in
-// tiles of WG: invocation t scores key t of the tile against every head (full dot products with
-// the queries, which sit in workgroup memory); then invocation (key group g, vec4 c) folds vec4 c
+// 2-D grid, so each key and value is read once for all the chunk's heads. The chunk's query
+// heads and the new key are loaded into workgroup memory, normalised (one invocation per head
+// sums its squares) and rotated (one invocation per pair of dims). Keys are walked in tiles of
+// WG: invocation t scores key t of the tile against every head (full dot products with the
+// queries, which sit in workgroup memory); then invocation (key group g, vec4 c) folds vec4 c
 // of the values of keys g, g + KEY_GROUPS, ... into each head's accumulator, with each head's
 // running maximum and sum (online softmax). Two barriers per tile; the key groups' partial sums
 // meet in workgroup memory at the end. Context length is bounded only by the block table.
-// A context of 0 keys writes zeros; a context longer than the block table row is clamped to it.
-// Defines: HEAD_DIM, WG, GROUP_HEADS (a divisor of n_heads / n_kv_heads).
+// A context of 0 keys writes zeros; a context longer than the block table row is clamped to it
+// (and the new token, past the row, is neither seen nor stored).
+// Defines: HEAD_DIM, ROT_PAIRS, NEOX, HEAD_NORMS, WG, GROUP_HEADS (a divisor of
+// n_heads / n_kv_heads).
 // Bounds: HEAD_DIM a multiple of 4 and at most 4 * WG.
 //
 // SERIAL (for CPU devices such as lavapipe, where invocations are SIMD lanes of one thread and
 // barriers and workgroup memory are costly): one invocation per (sequence, kv head, chunk of
 // GROUP_HEADS query heads), linear index wg.x + wg.y * num_workgroups.x times WG plus the lane,
-// walks the sequence's keys alone, loading each key and value once for the chunk's heads, each
-// head with its own online softmax; no workgroup memory, no barrier.
+// prepares its heads and the new key in private memory and walks the sequence's cached keys
+// alone, then the new one, loading each key and value once for the chunk's heads, each head with
+// its own online softmax; no workgroup memory, no barrier. The loop over cached keys has no
+// branch for the new key: on lavapipe one made decode attention half as slow again.
+
+// Per rotated pair its turn (rope_common.wgsl), then with HEAD_NORMS the norms' weights (with
+// their convention applied: w, or 1 + w) and eps. Built once per layer. A uniform, because the
+// kernel already binds 8 storage buffers, WebGPU's default limit per shader stage.
+struct HeadConstants {
+    turns: array<vec4<u32>, (ROT_PAIRS + 3u) / 4u>,
+#if HEAD_NORMS
+    q_scale: array<vec4<f32>, HEAD_VEC4S>,
+    k_scale: array<vec4<f32>, HEAD_VEC4S>,
+    eps: f32,
+#endif
+}
 
 @group(0) @binding(0) var<uniform> params: AttentionParams;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> context_lens: array<u32>;
-@group(0) @binding(5) var<storage, read> block_table: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(1) var<uniform> head_constants: HeadConstants;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> k_new: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> v_new: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> context_lens: array<u32>;
+@group(0) @binding(8) var<storage, read> block_table: array<u32>;
+@group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
+
+const HALF_DIM: u32 = HEAD_DIM / 2u;
+
+fn pair_turn(pair: u32) -> u32 {
+    return head_constants.turns[pair / 4u][pair % 4u];
+}
+
+// The two dims of a head that work item `j` (of HALF_DIM) transforms: rotation pair j, or past
+// the rotated pairs two dims that are only normalised.
+fn pair_dims(j: u32) -> vec2<u32> {
+#if NEOX
+    if j < ROT_PAIRS {
+        return vec2<u32>(j, j + ROT_PAIRS);
+    }
+#endif
+    return vec2<u32>(2u * j, 2u * j + 1u);
+}
+
+// 1 / rms of a head whose sum of squares is `sum_squares` (HEAD_NORMS).
+fn head_inverse_rms(sum_squares: f32) -> f32 {
+#if HEAD_NORMS
+    return inverseSqrt(sum_squares / f32(HEAD_DIM) + head_constants.eps);
+#else
+    return 1.0;
+#endif
+}
+
+// Dims `dims` (from pair_dims(j)) of a query or key head, `x`, normalised with the head's
+// `inv_rms` and rotated to `position`: the same operations, in the same order, as rms_norm then
+// rope_kv.
+fn transform_pair(
+    x: vec2<f32>,
+    j: u32,
+    dims: vec2<u32>,
+    is_key: bool,
+    inv_rms: f32,
+    position: u32,
+) -> vec2<f32> {
+    var y = x;
+#if HEAD_NORMS
+    let q_scale = vec2<f32>(head_constants.q_scale[dims.x / 4u][dims.x % 4u],
+                            head_constants.q_scale[dims.y / 4u][dims.y % 4u]);
+    let k_scale = vec2<f32>(head_constants.k_scale[dims.x / 4u][dims.x % 4u],
+                            head_constants.k_scale[dims.y / 4u][dims.y % 4u]);
+    y = y * inv_rms * select(q_scale, k_scale, is_key);
+#endif
+    if j < ROT_PAIRS {
+        y = rotate(y, rotation(position, j));
+    }
+    return y;
+}
+
+// The first vec4 of (sequence, kv head) in k_new and v_new.
+fn new_vec4_index(seq: u32, kv_head: u32) -> u32 {
+    return (seq * params.n_kv_heads + kv_head) * HEAD_VEC4S;
+}
 
 #if SERIAL
+// Scores key `k` against each of the chunk's queries and moves each head's online softmax on
+// to it: rescales the head's accumulator and sum when its maximum moves; returns the key's
+// weight for each head.
+fn score_key(
+    query: ptr<function, array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>>,
+    k: ptr<function, array<vec4<f32>, HEAD_VEC4S>>,
+    acc: ptr<function, array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>>,
+    running_max: ptr<function, array<f32, GROUP_HEADS>>,
+    sum: ptr<function, array<f32, GROUP_HEADS>>,
+) -> array<f32, GROUP_HEADS> {
+    var p: array<f32, GROUP_HEADS>;
+    for (var h = 0u; h < GROUP_HEADS; h++) {
+        var score = 0.0;
+        for (var i = 0u; i < HEAD_VEC4S; i++) {
+            score += dot((*query)[h * HEAD_VEC4S + i], (*k)[i]);
+        }
+        score = soft_cap(score);
+        // Rescale only when the maximum moves, which after the first keys is rare.
+        if score > (*running_max)[h] {
+            let rescale = exp((*running_max)[h] - score);
+            (*sum)[h] *= rescale;
+            for (var i = 0u; i < HEAD_VEC4S; i++) {
+                (*acc)[h * HEAD_VEC4S + i] *= rescale;
+            }
+            (*running_max)[h] = score;
+        }
+        p[h] = exp(score - (*running_max)[h]);
+        (*sum)[h] += p[h];
+    }
+    return p;
+}
+
 @compute @workgroup_size(WG)
 fn attention_decode(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -47,46 +164,86 @@ fn attention_decode(
     // Query row (seq, head) of the chunk's first head: the heads of a chunk are consecutive.
     let first_row = seq * params.n_heads + kv_head * (params.n_heads / params.n_kv_heads)
         + group % chunks * GROUP_HEADS;
+    let context_len = context_lens[seq];
+    // With no context, past every key.
+    let position = context_len - 1u;
+    let new_row = new_vec4_index(seq, kv_head);
+
     var query: array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>;
+    var new_key: array<vec4<f32>, HEAD_VEC4S>;
+    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
+        query[e] = q[first_row * HEAD_VEC4S + e];
+    }
+    for (var i = 0u; i < HEAD_VEC4S; i++) {
+        new_key[i] = k_new[new_row + i];
+    }
+    for (var h = 0u; h < GROUP_HEADS; h++) {
+        var squares = 0.0;
+        for (var i = 0u; i < HEAD_VEC4S; i++) {
+            squares += dot(query[h * HEAD_VEC4S + i], query[h * HEAD_VEC4S + i]);
+        }
+        let inv_rms = head_inverse_rms(squares);
+        for (var j = 0u; j < HALF_DIM; j++) {
+            let d = pair_dims(j);
+            let a = h * HEAD_DIM + d.x;
+            let b = h * HEAD_DIM + d.y;
+            let x = vec2<f32>(query[a / 4u][a % 4u], query[b / 4u][b % 4u]);
+            let y = transform_pair(x, j, d, false, inv_rms, position);
+            query[a / 4u][a % 4u] = y.x;
+            query[b / 4u][b % 4u] = y.y;
+        }
+    }
+    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
+        query[e] *= params.scale;
+    }
+    var key_squares = 0.0;
+    for (var i = 0u; i < HEAD_VEC4S; i++) {
+        key_squares += dot(new_key[i], new_key[i]);
+    }
+    let key_inv_rms = head_inverse_rms(key_squares);
+    for (var j = 0u; j < HALF_DIM; j++) {
+        let d = pair_dims(j);
+        let x = vec2<f32>(new_key[d.x / 4u][d.x % 4u], new_key[d.y / 4u][d.y % 4u]);
+        let y = transform_pair(x, j, d, true, key_inv_rms, position);
+        new_key[d.x / 4u][d.x % 4u] = y.x;
+        new_key[d.y / 4u][d.y % 4u] = y.y;
+    }
+    if group % chunks == 0u && position < table_capacity() {
+        let base = cache_vec4_index(key_slot(seq, position), kv_head);
+        for (var i = 0u; i < HEAD_VEC4S; i++) {
+            k_cache[base + i] = new_key[i];
+            v_cache[base + i] = v_new[new_row + i];
+        }
+    }
+
     var acc: array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>;
     var running_max: array<f32, GROUP_HEADS>;
     var sum: array<f32, GROUP_HEADS>;
-    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
-        query[e] = q[first_row * HEAD_VEC4S + e] * params.scale;
-    }
     for (var h = 0u; h < GROUP_HEADS; h++) {
         running_max[h] = NO_MAX;
     }
-    let n_keys = min(context_lens[seq], table_capacity());
+    let n_keys = min(context_len, table_capacity());
     let first = select(0u, first_visible_key(n_keys - 1u), n_keys > 0u);
-    for (var key = first; key < n_keys; key++) {
+    // The cached keys, then the new one: the last, unless the context is clamped.
+    for (var key = first; key < min(n_keys, position); key++) {
         let base = cache_vec4_index(key_slot(seq, key), kv_head);
         // Each key and value is loaded once for the chunk's heads.
         var k: array<vec4<f32>, HEAD_VEC4S>;
         for (var i = 0u; i < HEAD_VEC4S; i++) {
             k[i] = k_cache[base + i];
         }
-        var p: array<f32, GROUP_HEADS>;
-        for (var h = 0u; h < GROUP_HEADS; h++) {
-            var score = 0.0;
-            for (var i = 0u; i < HEAD_VEC4S; i++) {
-                score += dot(query[h * HEAD_VEC4S + i], k[i]);
-            }
-            score = soft_cap(score);
-            // Rescale only when the maximum moves, which after the first keys is rare.
-            if score > running_max[h] {
-                let rescale = exp(running_max[h] - score);
-                sum[h] *= rescale;
-                for (var i = 0u; i < HEAD_VEC4S; i++) {
-                    acc[h * HEAD_VEC4S + i] *= rescale;
-                }
-                running_max[h] = score;
-            }
-            p[h] = exp(score - running_max[h]);
-            sum[h] += p[h];
-        }
+        let p = score_key(&query, &k, &acc, &running_max, &sum);
         for (var i = 0u; i < HEAD_VEC4S; i++) {
             let v = v_cache[base + i];
+            for (var h = 0u; h < GROUP_HEADS; h++) {
+                acc[h * HEAD_VEC4S + i] += p[h] * v;
+            }
+        }
+    }
+    if position < n_keys {
+        let p = score_key(&query, &new_key, &acc, &running_max, &sum);
+        for (var i = 0u; i < HEAD_VEC4S; i++) {
+            let v = v_new[new_row + i];
             for (var h = 0u; h < GROUP_HEADS; h++) {
                 acc[h * HEAD_VEC4S + i] += p[h] * v;
             }
@@ -100,10 +257,18 @@ fn attention_decode(
 }
 #else
 const KEY_GROUPS: u32 = WG / HEAD_VEC4S;
+// tile_slots' mark for the new key, which is read from new_key and v_new, not the cache.
+const FRESH_SLOT: u32 = 0xffffffffu;
 
 // The chunk's scaled queries, [GROUP_HEADS, HEAD_VEC4S]; after the last tile, reused for the
 // key groups' accumulators, [KEY_GROUPS, GROUP_HEADS, HEAD_VEC4S].
 var<workgroup> head_vec4s: array<vec4<f32>, KEY_GROUPS * GROUP_HEADS * HEAD_VEC4S>;
+// The new token's key, normalised and rotated.
+var<workgroup> new_key: array<vec4<f32>, HEAD_VEC4S>;
+#if HEAD_NORMS
+// 1 / rms of the chunk's query heads, then of the new key.
+var<workgroup> head_inv_rms: array<f32, GROUP_HEADS + 1u>;
+#endif
 // [GROUP_HEADS, WG]: the tile's scores, then their probabilities.
 var<workgroup> tile_scores: array<f32, GROUP_HEADS * WG>;
 var<workgroup> tile_probs: array<f32, GROUP_HEADS * WG>;
@@ -129,16 +294,71 @@ fn attention_decode(
     // Query row (seq, head) of the chunk's first head: the heads of a chunk are consecutive.
     let first_row = seq * params.n_heads + kv_head * (params.n_heads / params.n_kv_heads)
         + group % chunks * GROUP_HEADS;
+    let context_len = context_lens[seq];
+    // With no context, past every key.
+    let position = context_len - 1u;
+    let new_row = new_vec4_index(seq, kv_head);
 
     for (var e = lane; e < GROUP_HEADS * HEAD_VEC4S; e += WG) {
-        head_vec4s[e] = q[first_row * HEAD_VEC4S + e] * params.scale;
+        head_vec4s[e] = q[first_row * HEAD_VEC4S + e];
+    }
+    for (var i = lane; i < HEAD_VEC4S; i += WG) {
+        new_key[i] = k_new[new_row + i];
     }
     if lane == 0u {
-        let n_keys = min(context_lens[seq], table_capacity());
+        let n_keys = min(context_len, table_capacity());
         key_range = vec2<u32>(select(0u, first_visible_key(n_keys - 1u), n_keys > 0u), n_keys);
     }
-    // Also the barrier that publishes the queries.
+    workgroupBarrier();
+#if HEAD_NORMS
+    if lane <= GROUP_HEADS {
+        var squares = 0.0;
+        for (var i = 0u; i < HEAD_VEC4S; i++) {
+            var x: vec4<f32>;
+            if lane < GROUP_HEADS {
+                x = head_vec4s[lane * HEAD_VEC4S + i];
+            } else {
+                x = new_key[i];
+            }
+            squares += dot(x, x);
+        }
+        head_inv_rms[lane] = head_inverse_rms(squares);
+    }
+    workgroupBarrier();
+#endif
+    // One invocation per pair of dims of a head: the chunk's query heads, then the new key.
+    for (var item = lane; item < (GROUP_HEADS + 1u) * HALF_DIM; item += WG) {
+        let h = item / HALF_DIM;
+        let j = item % HALF_DIM;
+        let d = pair_dims(j);
+#if HEAD_NORMS
+        let inv_rms = head_inv_rms[h];
+#else
+        let inv_rms = 1.0;
+#endif
+        if h < GROUP_HEADS {
+            let a = h * HEAD_DIM + d.x;
+            let b = h * HEAD_DIM + d.y;
+            let x = vec2<f32>(head_vec4s[a / 4u][a % 4u], head_vec4s[b / 4u][b % 4u]);
+            let y = transform_pair(x, j, d, false, inv_rms, position) * params.scale;
+            head_vec4s[a / 4u][a % 4u] = y.x;
+            head_vec4s[b / 4u][b % 4u] = y.y;
+        } else {
+            let x = vec2<f32>(new_key[d.x / 4u][d.x % 4u], new_key[d.y / 4u][d.y % 4u]);
+            let y = transform_pair(x, j, d, true, inv_rms, position);
+            new_key[d.x / 4u][d.x % 4u] = y.x;
+            new_key[d.y / 4u][d.y % 4u] = y.y;
+        }
+    }
+    // Also the barrier that publishes the queries and the new key.
     let keys = workgroupUniformLoad(&key_range);
+    if group % chunks == 0u && position < table_capacity() {
+        let base = cache_vec4_index(key_slot(seq, position), kv_head);
+        for (var i = lane; i < HEAD_VEC4S; i += WG) {
+            k_cache[base + i] = new_key[i];
+            v_cache[base + i] = v_new[new_row + i];
+        }
+    }
 
     let key_group = lane / HEAD_VEC4S;
     let c = lane % HEAD_VEC4S;
@@ -153,7 +373,14 @@ fn attention_decode(
         let tile_len = min(WG, keys.y - tile);
         var slot = 0u;
         var scores: array<f32, GROUP_HEADS>;
-        if lane < tile_len {
+        if lane < tile_len && tile + lane == position {
+            slot = FRESH_SLOT;
+            for (var i = 0u; i < HEAD_VEC4S; i++) {
+                for (var h = 0u; h < GROUP_HEADS; h++) {
+                    scores[h] += dot(head_vec4s[h * HEAD_VEC4S + i], new_key[i]);
+                }
+            }
+        } else if lane < tile_len {
             slot = key_slot(seq, tile + lane);
             let base = cache_vec4_index(slot, kv_head);
             for (var i = 0u; i < HEAD_VEC4S; i++) {
@@ -188,7 +415,12 @@ fn attention_decode(
         // The next tile writes tile_scores only before its first barrier, so no third barrier.
         if folds {
             for (var i = key_group; i < tile_len; i += KEY_GROUPS) {
-                let v = v_cache[cache_vec4_index(tile_slots[i], kv_head) + c];
+                var v: vec4<f32>;
+                if tile_slots[i] == FRESH_SLOT {
+                    v = v_new[new_row + c];
+                } else {
+                    v = v_cache[cache_vec4_index(tile_slots[i], kv_head) + c];
+                }
                 for (var h = 0u; h < GROUP_HEADS; h++) {
                     let p = tile_probs[h * WG + i];
                     running_sum[h] += p;

@@ -22,6 +22,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read> positions: array<u32>;
 @group(0) @binding(3) var<storage, read_write> x: array<f32>;
 
+fn pair_turn(pair: u32) -> u32 {
+    return turns[pair];
+}
+
 @compute @workgroup_size(WG_SIZE)
 fn rope(
     @builtin(workgroup_id) wg: vec3<u32>,

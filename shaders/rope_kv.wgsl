@@ -32,6 +32,10 @@ struct RopeKvParams {
 @group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
 @group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
 
+fn pair_turn(pair: u32) -> u32 {
+    return turns[pair];
+}
+
 const HALF: u32 = HEAD_DIM / 2u;
 
 @compute @workgroup_size(WG_SIZE)

@@ -1,37 +1,54 @@
-//! Attention over a paged KV cache (`shaders/attention*.wgsl`, `shaders/kv_store.wgsl`): storing
-//! the keys and values of new tokens, decode attention (one query row per sequence) and causal
-//! prefill attention (many rows, several sequences, chunks after cached tokens).
+//! Attention over a paged KV cache (`shaders/attention*.wgsl`, `shaders/kv_store.wgsl`,
+//! `shaders/rope_kv.wgsl`): storing the keys and values of new tokens, decode attention (one new
+//! token per sequence) and causal prefill attention (many rows, several sequences, chunks after
+//! cached tokens).
 //!
 //! The cache of one layer ([`KvCacheLayer`]) is two f32 tensors K and V, each
 //! `[num_blocks, block_size, n_kv_heads, head_dim]`. A sequence owns blocks listed in order in its
 //! row of a block table (u32 `[n_seqs, max_blocks_per_seq]`): its token at position `j` lives in
-//! slot `table[j / block_size] * block_size + j % block_size`. A step first writes the new tokens'
-//! K and V with [`store_kv`], then runs [`decode`] or [`prefill`], which read every key, cached or
-//! new, from the cache. Query head `h` reads kv head `h / (n_heads / n_kv_heads)` (grouped-query
-//! attention). The softmax is computed online (running maximum and sum), so the context length
-//! is limited only by the block table, not by workgroup memory.
+//! slot `table[j / block_size] * block_size + j % block_size`. New tokens' query and key heads
+//! are normalised (where the model does) and rotated by the layer's [`HeadTransform`]. A prefill
+//! step does that and writes the new keys and values with [`HeadTransform::apply_and_store`],
+//! then runs [`prefill`], which reads every key, cached or new, from the cache. A decode step is
+//! one pass: [`decode`] transforms the new token's heads itself, stores its key and value, and
+//! attends to the cached keys and the new one. Query head `h` reads kv head
+//! `h / (n_heads / n_kv_heads)` (grouped-query attention). The softmax is computed online
+//! (running maximum and sum), so the context length is limited only by the block table, not by
+//! workgroup memory.
 //!
 //! ```no_run
 //! # async fn step() -> flint_core::Result<()> {
 //! use flint_core::gpu::{GpuContext, GpuOptions, Tensor};
-//! use flint_core::kernels::attention::{self, AttentionOptions, DecodeBatch, KvCacheLayer};
+//! use flint_core::kernels::attention::{
+//!     self, AttentionOptions, DecodeBatch, HeadTransform, KvCacheLayer, Projections,
+//! };
+//! use flint_core::kernels::rope::{RopeConfig, RopeLayout};
 //!
 //! let ctx = GpuContext::new(&GpuOptions::default()).await?;
-//! // 4 blocks of 16 tokens, 2 kv heads of 64; one sequence of 3 tokens in blocks 2 and 0.
+//! let rope = RopeConfig {
+//!     head_dim: 64,
+//!     rotated_dims: 64,
+//!     base: 10000.0,
+//!     freq_scale: 1.0,
+//!     layout: RopeLayout::Interleaved,
+//!     freq_factors: None,
+//! };
+//! let heads = HeadTransform::new(&ctx, &rope, None)?;
+//! // 4 blocks of 16 tokens, 2 kv heads of 64; one sequence whose third token (position 2) is
+//! // new, in blocks 2 and 0.
 //! let (k, v) = (Tensor::empty(&ctx, "k", &[4, 16, 2, 64])?, Tensor::empty(&ctx, "v", &[4, 16, 2, 64])?);
 //! let cache = KvCacheLayer { k: &k, v: &v };
 //! let block_table = Tensor::from_slice(&ctx, "table", &[1, 2], &[2u32, 0])?;
-//! let k_new = Tensor::from_slice(&ctx, "k_new", &[1, 128], &[0.5f32; 128])?;
-//! let v_new = Tensor::from_slice(&ctx, "v_new", &[1, 128], &[1.0f32; 128])?;
-//! let slots = Tensor::from_slice(&ctx, "slots", &[1], &[2u32 * 16 + 2])?; // position 2
 //! let context_lens = Tensor::from_slice(&ctx, "lens", &[1], &[3u32])?;
-//! let q = Tensor::from_slice(&ctx, "q", &[1, 8, 64], &[0.1f32; 512])?; // 8 query heads
-//! let out = Tensor::empty(&ctx, "out", &[1, 8, 64])?;
+//! let q = Tensor::from_slice(&ctx, "q", &[1, 8 * 64], &[0.1f32; 512])?; // 8 query heads
+//! let k_new = Tensor::from_slice(&ctx, "k_new", &[1, 2 * 64], &[0.5f32; 128])?;
+//! let v_new = Tensor::from_slice(&ctx, "v_new", &[1, 2 * 64], &[1.0f32; 128])?;
+//! let out = Tensor::empty(&ctx, "out", &[1, 8 * 64])?;
 //!
 //! let mut encoder = ctx.encoder("decode step");
-//! attention::store_kv(&ctx, &mut encoder, &cache, &k_new, &v_new, &slots)?;
+//! let new = Projections { q: &q, k: &k_new, v: &v_new };
 //! let batch = DecodeBatch { context_lens: &context_lens, block_table: &block_table };
-//! attention::decode(&ctx, &mut encoder, &q, &cache, &batch, &AttentionOptions::new(64), &out)?;
+//! attention::decode(&ctx, &mut encoder, &heads, &new, &cache, &batch, &AttentionOptions::new(64), &out)?;
 //! ctx.submit(encoder)?;
 //! # Ok(()) }
 //! ```
@@ -39,7 +56,8 @@
 use crate::Result;
 use crate::gpu::{GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
-use crate::kernels::rope::Rope;
+use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_in_place};
+use crate::kernels::rope::{Rope, RopeConfig};
 
 const COMMON: &str = include_str!("../../../../shaders/attention.wgsl");
 const DECODE: &str = include_str!("../../../../shaders/attention_decode.wgsl");
@@ -97,12 +115,13 @@ impl AttentionOptions {
     }
 }
 
-/// The sequences of a decode step: one query row per sequence, at its last position.
+/// The sequences of a decode step: one new token per sequence, at its last position.
 #[derive(Clone, Copy)]
 pub struct DecodeBatch<'a> {
-    /// u32 `[n_seqs]`: keys in the cache, the query's own included. The query at position
-    /// `context_len - 1` attends to keys `0 .. context_len`. A context of 0 yields a zero row; one
-    /// longer than the block table row can address is clamped to it.
+    /// u32 `[n_seqs]`: keys of the sequence, the new token's own included: the new token is at
+    /// position `context_len - 1` and attends to keys `0 .. context_len`. A context of 0 yields a
+    /// zero row and stores nothing; one longer than the block table row can address is clamped
+    /// to it (and the new token is neither seen nor stored).
     pub context_lens: &'a Tensor,
     /// u32 `[n_seqs, max_blocks_per_seq]`: block ids (below `num_blocks`) in position order.
     pub block_table: &'a Tensor,
@@ -121,6 +140,135 @@ pub struct PrefillBatch<'a> {
     pub positions: &'a Tensor,
     /// u32 `[n_seqs, max_blocks_per_seq]`: block ids (below `num_blocks`) in position order.
     pub block_table: &'a Tensor,
+}
+
+/// The projections of a step's new tokens: f32 `[n_tokens, heads * head_dim]` each, before
+/// any norm or rotation.
+#[derive(Clone, Copy)]
+pub struct Projections<'a> {
+    /// Queries, `n_heads` per token.
+    pub q: &'a Tensor,
+    /// Keys, `n_kv_heads` per token.
+    pub k: &'a Tensor,
+    /// Values, `n_kv_heads` per token.
+    pub v: &'a Tensor,
+}
+
+/// The per-head RMSNorms of queries and keys (Qwen 3, Gemma 3), as a model's weights give them.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadNorms<'a> {
+    /// The query heads' weight, `[head_dim]`.
+    pub q: &'a [f32],
+    /// The key heads' weight, `[head_dim]`.
+    pub k: &'a [f32],
+    /// How the weights scale.
+    pub convention: NormWeight,
+    /// Added to the mean square.
+    pub eps: f32,
+}
+
+/// [`HeadNorms`] on the GPU.
+struct HeadNormWeights {
+    q: Tensor,
+    k: Tensor,
+    convention: NormWeight,
+    eps: f32,
+}
+
+/// What becomes of new tokens' query and key heads between their projection and attention: an
+/// RMSNorm of each head where the model has one, then the rotary embedding. One per layer.
+///
+/// A prefill step applies it in separate passes before the cache store
+/// ([`HeadTransform::apply_and_store`]); [`decode`] applies it inside attention, from a copy of
+/// the rope's turns and the norms' weights in one small uniform buffer.
+pub struct HeadTransform {
+    rope: Rope,
+    norms: Option<HeadNormWeights>,
+    /// `HeadConstants` of `attention_decode.wgsl`.
+    constants: wgpu::Buffer,
+}
+
+impl HeadTransform {
+    /// Checks `norms` against the rope's head size and uploads both.
+    pub fn new(ctx: &GpuContext, rope: &RopeConfig<'_>, norms: Option<HeadNorms<'_>>) -> Result<Self> {
+        const KERNEL: &str = "head transform";
+        let rope = Rope::new(ctx, rope)?;
+        let head_dim = rope.head_dim();
+        ensure(KERNEL, head_dim.is_multiple_of(4) && (4..=MAX_HEAD_DIM).contains(&head_dim), || {
+            format!("head_dim {head_dim} must be a multiple of 4 from 4 to {MAX_HEAD_DIM}")
+        })?;
+        // The turns, padded to whole vec4s, then the norms' scales and eps.
+        let mut words: Vec<u32> = rope.turn_values().to_vec();
+        words.resize(rope.rot_pairs().div_ceil(4) * 4, 0);
+        let norms = match norms {
+            None => None,
+            Some(norms) => {
+                ensure(KERNEL, norms.q.len() == head_dim && norms.k.len() == head_dim, || {
+                    format!(
+                        "the norms' weights have {} and {} elements; heads have {head_dim}",
+                        norms.q.len(),
+                        norms.k.len()
+                    )
+                })?;
+                ensure(KERNEL, norms.eps.is_finite() && norms.eps >= 0.0, || {
+                    format!("eps is {}; it must be finite and not negative", norms.eps)
+                })?;
+                for weight in [norms.q, norms.k] {
+                    words.extend(weight.iter().map(|&w| match norms.convention {
+                        NormWeight::Scale => w.to_bits(),
+                        NormWeight::OnePlus => (1.0 + w).to_bits(),
+                    }));
+                }
+                words.extend([norms.eps.to_bits(), 0, 0, 0]);
+                Some(HeadNormWeights {
+                    q: Tensor::from_slice(ctx, "q head norm", &[head_dim], norms.q)?,
+                    k: Tensor::from_slice(ctx, "k head norm", &[head_dim], norms.k)?,
+                    convention: norms.convention,
+                    eps: norms.eps,
+                })
+            }
+        };
+        let constants = {
+            use wgpu::util::DeviceExt;
+            ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("head transform constants"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+        };
+        Ok(HeadTransform { rope, norms, constants })
+    }
+
+    /// The length of the heads it transforms.
+    pub fn head_dim(&self) -> usize {
+        self.rope.head_dim()
+    }
+
+    /// Records the transform of prefill tokens, then the store of their keys and values: the
+    /// norms of `new.q` and `new.k` in place (if any), then [`rope_and_store_kv`].
+    pub fn apply_and_store(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        new: &Projections<'_>,
+        positions: &Tensor,
+        cache: &KvCacheLayer<'_>,
+        slots: &Tensor,
+    ) -> Result<()> {
+        if let Some(norms) = &self.norms {
+            for (weight, x) in [(&norms.q, new.q), (&norms.k, new.k)] {
+                let norm = RmsNorm { weight, convention: norms.convention, eps: norms.eps };
+                rms_norm_in_place(ctx, encoder, &norm, x)?;
+            }
+        }
+        rope_and_store_kv(ctx, encoder, &self.rope, new.q, new.k, new.v, positions, cache, slots)
+    }
+
+    /// A kernel that transforms heads as this does: `parts` after the rotation, with the rope's
+    /// constants and HEAD_NORMS defined.
+    fn kernel(&self, entry: &'static str, parts: &[&'static str]) -> KernelSource {
+        self.rope.kernel(entry, parts).define("HEAD_NORMS", self.norms.is_some())
+    }
 }
 
 /// Uniform parameters of both attention kernels (`AttentionParams` in `attention.wgsl`).
@@ -309,7 +457,7 @@ pub fn rope_and_store_kv(
     });
     ctx.dispatch(
         encoder,
-        &rope.kernel(KERNEL, ROPE_KV).define("WG_SIZE", format!("{ROPE_KV_WG}u")),
+        &rope.kernel(KERNEL, &[ROPE_KV]).define("WG_SIZE", format!("{ROPE_KV_WG}u")),
         &[
             params.as_entire_binding(),
             rope.turns().binding(),
@@ -325,19 +473,23 @@ pub fn rope_and_store_kv(
     )
 }
 
-/// Records decode attention: for each sequence `s` and query head `h`, row `q[s, h]` (f32
-/// `[n_seqs, n_heads, head_dim]`, or `[n_seqs, n_heads * head_dim]`) attends to the sequence's
-/// first `context_lens[s]` keys and the result goes to `out[s, h]` (same shape as `q`).
+/// Records a decode step's attention, one new token per sequence: sequence `s`'s token at
+/// position `context_lens[s] - 1` has its query and key heads transformed by `heads` (norm,
+/// rope); its key and value are written to its slot in the cache, for later steps; each query
+/// head `h` attends to the sequence's keys `0 .. context_lens[s]` (its own included), and the
+/// result goes to `out[s, h]`. `new` holds one row per sequence; `out` has `new.q`'s shape.
+#[allow(clippy::too_many_arguments)]
 pub fn decode(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
-    q: &Tensor,
+    heads: &HeadTransform,
+    new: &Projections<'_>,
     cache: &KvCacheLayer<'_>,
     batch: &DecodeBatch<'_>,
     options: &AttentionOptions,
     out: &Tensor,
 ) -> Result<()> {
-    decode_as(ctx, encoder, q, cache, batch, options, out, None)
+    decode_as(ctx, encoder, heads, new, cache, batch, options, out, None)
 }
 
 /// [`decode`] in the given variant, or the device's own when `None`.
@@ -345,7 +497,8 @@ pub fn decode(
 fn decode_as(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
-    q: &Tensor,
+    heads: &HeadTransform,
+    new: &Projections<'_>,
     cache: &KvCacheLayer<'_>,
     batch: &DecodeBatch<'_>,
     options: &AttentionOptions,
@@ -355,7 +508,23 @@ fn decode_as(
     const KERNEL: &str = "attention_decode";
     let geometry = CacheGeometry::of(KERNEL, cache)?;
     let n_seqs = batch.context_lens.len();
-    let n_heads = query_heads(KERNEL, q, out, n_seqs, &geometry)?;
+    let n_heads = query_heads(KERNEL, new.q, out, n_seqs, &geometry)?;
+    let kv_row = geometry.n_kv_heads * geometry.head_dim;
+    ensure(KERNEL, new.k.len() == n_seqs * kv_row && new.v.len() == n_seqs * kv_row, || {
+        format!(
+            "k has {} and v {} elements; {n_seqs} sequences of n_kv_heads * head_dim = {kv_row} need {}",
+            new.k.len(),
+            new.v.len(),
+            n_seqs * kv_row
+        )
+    })?;
+    ensure(KERNEL, heads.head_dim() == geometry.head_dim, || {
+        format!(
+            "the head transform takes heads of {} and the cache holds heads of {}",
+            heads.head_dim(),
+            geometry.head_dim
+        )
+    })?;
     let max_blocks = block_table_width(KERNEL, batch.block_table)?;
     ensure(KERNEL, batch.block_table.shape()[0] == n_seqs, || {
         format!("the block table has {} rows for {n_seqs} sequences", batch.block_table.shape()[0])
@@ -369,24 +538,21 @@ fn decode_as(
     let variant = variant.unwrap_or_else(|| {
         DecodeVariant::choose(ctx, n_seqs * n_heads / group_heads, group_heads, geometry.head_dim)
     });
-    let (source, workgroups) = match variant {
-        DecodeVariant::Workgroups => {
-            (decode_source(geometry.head_dim, group_heads), n_seqs * n_heads / group_heads)
-        }
-        DecodeVariant::Serial { group_heads } => {
-            let invocations = n_seqs * n_heads / group_heads;
-            (
-                decode_serial_source(geometry.head_dim, group_heads),
-                invocations.div_ceil(DECODE_SERIAL_WG as usize),
-            )
-        }
+    let (group_heads, invocations_per_workgroup) = match variant {
+        DecodeVariant::Workgroups => (group_heads, 1),
+        DecodeVariant::Serial { group_heads } => (group_heads, DECODE_SERIAL_WG as usize),
     };
+    let source = decode_source(heads, group_heads, variant);
+    let workgroups = (n_seqs * n_heads / group_heads).div_ceil(invocations_per_workgroup);
     ctx.dispatch(
         encoder,
         &source,
         &[
             params.as_entire_binding(),
-            q.binding(),
+            heads.constants.as_entire_binding(),
+            new.q.binding(),
+            new.k.binding(),
+            new.v.binding(),
             cache.k.binding(),
             cache.v.binding(),
             batch.context_lens.binding(),
@@ -565,19 +731,15 @@ fn serial_group_heads(group_heads: usize, head_dim: usize) -> usize {
     if group_heads * head_dim <= 256 { group_heads } else { 1 }
 }
 
-fn decode_serial_source(head_dim: usize, group_heads: usize) -> KernelSource {
-    KernelSource::new("attention_decode", &[COMMON, DECODE])
-        .define("HEAD_DIM", format!("{head_dim}u"))
-        .define("WG", format!("{DECODE_SERIAL_WG}u"))
-        .define("GROUP_HEADS", format!("{group_heads}u"))
-        .define("SERIAL", true)
-}
-
-fn decode_source(head_dim: usize, group_heads: usize) -> KernelSource {
-    KernelSource::new("attention_decode", &[COMMON, DECODE])
-        .define("HEAD_DIM", format!("{head_dim}u"))
-        .define("WG", format!("{DECODE_WG}u"))
-        .define("GROUP_HEADS", format!("{group_heads}u"))
+fn decode_source(heads: &HeadTransform, group_heads: usize, variant: DecodeVariant) -> KernelSource {
+    let source =
+        heads.kernel("attention_decode", &[COMMON, DECODE]).define("GROUP_HEADS", format!("{group_heads}u"));
+    match variant {
+        DecodeVariant::Workgroups => source.define("WG", format!("{DECODE_WG}u")),
+        DecodeVariant::Serial { .. } => {
+            source.define("WG", format!("{DECODE_SERIAL_WG}u")).define("SERIAL", true)
+        }
+    }
 }
 
 fn prefill_source(head_dim: usize) -> KernelSource {
@@ -603,6 +765,11 @@ fn prefill_tile_keys(head_dim: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::norm::tests::reference as norm_reference;
+    use crate::kernels::rope::RopeLayout;
+    use crate::kernels::rope::tests::{
+        config as rope_config, reference as rope_reference, tolerance as rope_tolerance,
+    };
     use crate::kernels::testing::{POISON, Rng, assert_close, gpu, validate_wgsl};
 
     /// Bound on the relative error of f32 attention against the f64 reference: softmax weights and
@@ -767,6 +934,65 @@ mod tests {
         rng.f32s(rows * heads.n_heads * heads.head_dim, -6.0, 6.0)
     }
 
+    /// The kind of head transform a decode test runs.
+    #[derive(Clone, Copy, Debug)]
+    struct Transform {
+        layout: RopeLayout,
+        /// Rotated dims; `None` for all of them.
+        rotated_dims: Option<usize>,
+        /// Per-head norms of that convention, or none.
+        norms: Option<NormWeight>,
+    }
+
+    /// Llama's: every dim rotated in interleaved pairs, no norms.
+    const LLAMA_HEADS: Transform =
+        Transform { layout: RopeLayout::Interleaved, rotated_dims: None, norms: None };
+    /// Gemma 3's and Qwen 3's: norms, then NeoX rotation of every dim.
+    const NORMED_HEADS: Transform =
+        Transform { layout: RopeLayout::NeoX, rotated_dims: None, norms: Some(NormWeight::Scale) };
+
+    /// A head transform of `kind` with random norm weights and rope base, and the CPU image of what
+    /// it does to `x` (`[tokens, heads * head_dim]`, token `t` at `positions[t]`).
+    struct TestHeads {
+        gpu: HeadTransform,
+        config: RopeConfig<'static>,
+        norms: Option<(Vec<f32>, Vec<f32>, NormWeight, f32)>,
+    }
+
+    impl TestHeads {
+        fn new(ctx: &GpuContext, rng: &mut Rng, kind: Transform, head_dim: usize) -> Self {
+            let rotated_dims = kind.rotated_dims.unwrap_or(head_dim);
+            let config =
+                RopeConfig { base: rng.f32(5e3, 1e6), ..rope_config(head_dim, rotated_dims, kind.layout) };
+            let norms = kind.norms.map(|convention| {
+                (
+                    rng.f32s(head_dim, -2.0, 2.0),
+                    rng.f32s(head_dim, -2.0, 2.0),
+                    convention,
+                    rng.f32(1e-6, 1e-4),
+                )
+            });
+            let head_norms = norms.as_ref().map(|(q, k, convention, eps)| HeadNorms {
+                q,
+                k,
+                convention: *convention,
+                eps: *eps,
+            });
+            TestHeads { gpu: HeadTransform::new(ctx, &config, head_norms).unwrap(), config, norms }
+        }
+
+        fn apply(&self, x: &[f32], positions: &[u32], is_key: bool) -> Vec<f32> {
+            let normed = match &self.norms {
+                Some((q, k, convention, eps)) => {
+                    norm_reference(x, if is_key { k } else { q }, *convention, *eps)
+                }
+                None => x.to_vec(),
+            };
+            rope_reference(&normed, positions, &self.config)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn check_decode(
         name: &str,
         heads: Heads,
@@ -774,34 +1000,35 @@ mod tests {
         context_lens: &[usize],
         sliding_window: Option<u32>,
         softcap: Option<f32>,
+        transform: Transform,
     ) {
         let ctx = gpu();
         let mut rng = Rng::new(name);
         let mut cache = PagedCache::new(&mut rng, context_lens, block_size, heads.n_kv_heads, heads.head_dim);
+        // Every position but the new token's is cached; its slot stays NaN.
         for (seq, &len) in context_lens.iter().enumerate() {
-            cache.fill(&mut rng, seq, len);
+            cache.fill(&mut rng, seq, len.saturating_sub(1));
         }
+        let (k_before, v_before) = cache.upload(ctx);
+        let (k_before, v_before) = (read_bits(ctx, &k_before), read_bits(ctx, &v_before));
         let options = options(&mut rng, heads, sliding_window, softcap);
+        let test_heads = TestHeads::new(ctx, &mut rng, transform, heads.head_dim);
         let n_seqs = context_lens.len();
+        let kv_row = heads.n_kv_heads * heads.head_dim;
         let q = random_queries(&mut rng, n_seqs, heads);
+        let k_new = rng.f32s(n_seqs * kv_row, -1.0, 1.0);
+        let v_new = rng.f32s(n_seqs * kv_row, -1.0, 1.0);
 
-        let (k, v) = cache.upload(ctx);
-        let lens: Vec<u32> = context_lens.iter().map(|&l| l as u32).collect();
-        let context_lens_gpu = Tensor::from_slice(ctx, "context_lens", &[n_seqs], &lens).unwrap();
-        let block_table = cache.table_tensor(ctx);
-        let shape = [n_seqs, heads.n_heads, heads.head_dim];
-        let q_gpu = Tensor::from_slice(ctx, "q", &shape, &q).unwrap();
-        let out = Tensor::empty(ctx, "out", &shape).unwrap();
-        let batch = DecodeBatch { context_lens: &context_lens_gpu, block_table: &block_table };
-        let run = |variant| {
-            out.fill_bits(ctx, POISON);
-            let mut encoder = ctx.encoder("test");
-            let cache = KvCacheLayer { k: &k, v: &v };
-            decode_as(ctx, &mut encoder, &q_gpu, &cache, &batch, &options, &out, Some(variant)).unwrap();
-            ctx.submit(encoder).unwrap();
-            pollster::block_on(out.to_f32(ctx)).unwrap()
-        };
-
+        // The reference: the transformed key and value of each new token in the cache image.
+        let positions: Vec<u32> = context_lens.iter().map(|&len| len.saturating_sub(1) as u32).collect();
+        let q_heads = test_heads.apply(&q, &positions, false);
+        let k_heads = test_heads.apply(&k_new, &positions, true);
+        let mut new_slots = Vec::new();
+        for (seq, &len) in context_lens.iter().enumerate().filter(|&(_, &len)| len > 0) {
+            let slot = cache.slot(seq, len - 1);
+            cache.write(slot, &k_heads[seq * kv_row..][..kv_row], &v_new[seq * kv_row..][..kv_row]);
+            new_slots.push((seq, slot));
+        }
         let group = heads.n_heads / heads.n_kv_heads;
         let mut expected = Vec::with_capacity(q.len());
         for (seq, &len) in context_lens.iter().enumerate() {
@@ -809,11 +1036,21 @@ mod tests {
                 if len == 0 {
                     expected.extend(std::iter::repeat_n(0.0, heads.head_dim));
                 } else {
-                    let row = &q[(seq * heads.n_heads + head) * heads.head_dim..][..heads.head_dim];
+                    let row = &q_heads[(seq * heads.n_heads + head) * heads.head_dim..][..heads.head_dim];
                     expected.extend(cache.attend(row, seq, len - 1, head / group, &options));
                 }
             }
         }
+
+        let lens: Vec<u32> = context_lens.iter().map(|&l| l as u32).collect();
+        let context_lens_gpu = Tensor::from_slice(ctx, "context_lens", &[n_seqs], &lens).unwrap();
+        let block_table = cache.table_tensor(ctx);
+        let q_gpu = Tensor::from_slice(ctx, "q", &[n_seqs, heads.n_heads * heads.head_dim], &q).unwrap();
+        let k_new_gpu = Tensor::from_slice(ctx, "k_new", &[n_seqs, kv_row], &k_new).unwrap();
+        let v_new_gpu = Tensor::from_slice(ctx, "v_new", &[n_seqs, kv_row], &v_new).unwrap();
+        let new = Projections { q: &q_gpu, k: &k_new_gpu, v: &v_new_gpu };
+        let out = Tensor::empty(ctx, "out", q_gpu.shape()).unwrap();
+        let batch = DecodeBatch { context_lens: &context_lens_gpu, block_table: &block_table };
         let chunked = serial_group_heads(decode_group_heads(group), heads.head_dim);
         let variants = [
             DecodeVariant::Workgroups,
@@ -821,53 +1058,113 @@ mod tests {
             DecodeVariant::Serial { group_heads: chunked },
         ];
         for variant in variants {
-            assert_close(&format!("{name} {variant:?}"), &run(variant), &expected, ATTENTION_TOLERANCE);
+            let what = format!("{name} {variant:?}");
+            out.fill_bits(ctx, POISON);
+            let shape = cache.shape();
+            let k_cache = Tensor::from_slice(ctx, "k_cache", &shape, &k_before).unwrap();
+            let v_cache = Tensor::from_slice(ctx, "v_cache", &shape, &v_before).unwrap();
+            let layer = KvCacheLayer { k: &k_cache, v: &v_cache };
+            let mut encoder = ctx.encoder("test");
+            decode_as(
+                ctx,
+                &mut encoder,
+                &test_heads.gpu,
+                &new,
+                &layer,
+                &batch,
+                &options,
+                &out,
+                Some(variant),
+            )
+            .unwrap();
+            ctx.submit(encoder).unwrap();
+            assert_close(
+                &what,
+                &pollster::block_on(out.to_f32(ctx)).unwrap(),
+                &expected,
+                ATTENTION_TOLERANCE,
+            );
+
+            // The new keys and values are stored, and nothing else is written.
+            let (k_after, v_after) = (read_bits(ctx, &k_cache), read_bits(ctx, &v_cache));
+            let (mut k_expected, mut v_expected) = (k_before.clone(), v_before.clone());
+            for &(seq, slot) in &new_slots {
+                k_expected[slot * kv_row..][..kv_row].copy_from_slice(&k_after[slot * kv_row..][..kv_row]);
+                v_expected[slot * kv_row..][..kv_row]
+                    .copy_from_slice(bytemuck::cast_slice(&v_new[seq * kv_row..][..kv_row]));
+                let stored: &[f32] = bytemuck::cast_slice(&k_after[slot * kv_row..][..kv_row]);
+                let tolerance = rope_tolerance(context_lens[seq] as u32) + 2e-6;
+                assert_close(
+                    &format!("{what}: stored key"),
+                    stored,
+                    &k_heads[seq * kv_row..][..kv_row],
+                    tolerance,
+                );
+            }
+            assert!(k_after == k_expected, "{what}: the K cache changed outside the new tokens' slots");
+            assert!(v_after == v_expected, "{what}: the V cache is not the old one with the new values");
         }
+    }
+
+    fn read_bits(ctx: &GpuContext, tensor: &Tensor) -> Vec<u32> {
+        pollster::block_on(tensor.to_u32(ctx)).unwrap()
     }
 
     #[test]
     fn decode_one_key_one_sequence() {
-        check_decode(
-            "decode hd64 8/8",
-            Heads { head_dim: 64, n_heads: 8, n_kv_heads: 8 },
-            16,
-            &[1],
-            None,
-            None,
-        );
+        let heads = Heads { head_dim: 64, n_heads: 8, n_kv_heads: 8 };
+        check_decode("decode hd64 8/8", heads, 16, &[1], None, None, LLAMA_HEADS);
     }
 
     #[test]
     fn decode_grouped_heads_several_lengths() {
         let heads = Heads { head_dim: 128, n_heads: 9, n_kv_heads: 3 };
-        check_decode("decode hd128 9/3", heads, 16, &[5, 100, 333], None, None);
+        check_decode("decode hd128 9/3", heads, 16, &[5, 100, 333], None, None, LLAMA_HEADS);
+        check_decode("decode hd128 9/3 normed", heads, 16, &[5, 100, 333], None, None, NORMED_HEADS);
     }
 
     #[test]
     fn decode_sliding_window() {
         let heads = Heads { head_dim: 96, n_heads: 4, n_kv_heads: 1 };
-        check_decode("decode hd96 4/1 window", heads, 16, &[333, 17, 1], Some(40), None);
+        check_decode("decode hd96 4/1 window", heads, 16, &[333, 17, 1], Some(40), None, NORMED_HEADS);
     }
 
     #[test]
     fn decode_softcap_odd_block_size_and_empty_context() {
         let heads = Heads { head_dim: 80, n_heads: 9, n_kv_heads: 3 };
-        check_decode("decode hd80 9/3 softcap", heads, 7, &[100, 0, 17], None, Some(3.0));
+        let partial = Transform { rotated_dims: Some(32), ..LLAMA_HEADS };
+        check_decode("decode hd80 9/3 softcap", heads, 7, &[100, 0, 17], None, Some(3.0), partial);
     }
 
     #[test]
     fn decode_head_dim_256_window_and_softcap() {
         let heads = Heads { head_dim: 256, n_heads: 4, n_kv_heads: 1 };
-        check_decode("decode hd256 4/1", heads, 16, &[17, 333], Some(100), Some(5.0));
+        check_decode("decode hd256 4/1", heads, 16, &[17, 333], Some(100), Some(5.0), NORMED_HEADS);
         let heads = Heads { head_dim: 256, n_heads: 8, n_kv_heads: 8 };
-        check_decode("decode hd256 8/8", heads, 32, &[65, 5], None, None);
+        check_decode("decode hd256 8/8", heads, 32, &[65, 5], None, None, LLAMA_HEADS);
     }
 
     #[test]
     fn decode_more_grouped_heads_than_one_workgroup_serves() {
         // 12 query heads per kv head: two workgroups of 6 heads each.
         let heads = Heads { head_dim: 64, n_heads: 24, n_kv_heads: 2 };
-        check_decode("decode hd64 24/2", heads, 16, &[70, 3], Some(50), None);
+        check_decode("decode hd64 24/2", heads, 16, &[70, 3], Some(50), None, LLAMA_HEADS);
+    }
+
+    #[test]
+    fn decode_partial_rotation_and_one_plus_norms() {
+        let heads = Heads { head_dim: 12, n_heads: 6, n_kv_heads: 2 };
+        let kinds = [
+            Transform { layout: RopeLayout::NeoX, rotated_dims: Some(8), norms: Some(NormWeight::OnePlus) },
+            Transform {
+                layout: RopeLayout::Interleaved,
+                rotated_dims: Some(4),
+                norms: Some(NormWeight::Scale),
+            },
+        ];
+        for kind in kinds {
+            check_decode(&format!("decode hd12 6/2 {kind:?}"), heads, 5, &[9, 1, 40], None, None, kind);
+        }
     }
 
     #[test]
@@ -1033,7 +1330,7 @@ mod tests {
     /// whole and partial rotation, padding slots included.
     #[test]
     fn rope_and_store_kv_equals_its_three_passes() {
-        use crate::kernels::rope::{RopeConfig, RopeLayout, rope};
+        use crate::kernels::rope::rope;
         let ctx = gpu();
         let mut rng = Rng::new("rope_kv");
         let (num_blocks, block_size, n_kv_heads, q_heads) = (3, 16, 3, 7);
@@ -1043,18 +1340,7 @@ mod tests {
             (RopeLayout::NeoX, 80, 32),
             (RopeLayout::Interleaved, 12, 8),
         ] {
-            let rotary = Rope::new(
-                ctx,
-                &RopeConfig {
-                    head_dim,
-                    rotated_dims,
-                    base: 10000.0,
-                    freq_scale: 1.0,
-                    layout,
-                    freq_factors: None,
-                },
-            )
-            .unwrap();
+            let rotary = Rope::new(ctx, &rope_config(head_dim, rotated_dims, layout)).unwrap();
             let row = n_kv_heads * head_dim;
             let n_slots = num_blocks * block_size;
             let mut slots: Vec<u32> = (0..n_slots as u32).rev().step_by(3).collect();
@@ -1152,14 +1438,32 @@ mod tests {
                 .sum::<usize>()
         };
         validate_wgsl(&KernelSource::new("kv_store", &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u")));
+        let ctx = gpu();
         for head_dim in (4..=MAX_HEAD_DIM).step_by(4) {
-            let decode_variants = (1..=DECODE_MAX_GROUP_HEADS).map(|heads| decode_source(head_dim, heads));
-            let serial = (1..=DECODE_MAX_GROUP_HEADS)
-                .filter(|&heads| serial_group_heads(heads, head_dim) == heads)
-                .map(|heads| decode_serial_source(head_dim, heads));
-            for source in decode_variants.chain(serial).chain([prefill_source(head_dim)]) {
-                validate_wgsl(&source);
-                let bytes = workgroup_bytes(&source);
+            let weight = vec![1.0f32; head_dim];
+            let norms = HeadNorms { q: &weight, k: &weight, convention: NormWeight::Scale, eps: 1e-6 };
+            // Llama's kind, and the normed kind with half the dims rotated.
+            let transforms = [
+                HeadTransform::new(ctx, &rope_config(head_dim, head_dim, RopeLayout::Interleaved), None),
+                HeadTransform::new(ctx, &rope_config(head_dim, head_dim / 2, RopeLayout::NeoX), Some(norms)),
+            ]
+            .map(Result::unwrap);
+            let mut sources = vec![prefill_source(head_dim)];
+            for heads in &transforms {
+                for group_heads in 1..=DECODE_MAX_GROUP_HEADS {
+                    sources.push(decode_source(heads, group_heads, DecodeVariant::Workgroups));
+                    if serial_group_heads(group_heads, head_dim) == group_heads {
+                        sources.push(decode_source(
+                            heads,
+                            group_heads,
+                            DecodeVariant::Serial { group_heads },
+                        ));
+                    }
+                }
+            }
+            for source in &sources {
+                validate_wgsl(source);
+                let bytes = workgroup_bytes(source);
                 assert!(bytes <= WORKGROUP_BYTES, "{} {:?}: {bytes} bytes", source.entry, source.defines);
             }
         }
@@ -1174,34 +1478,54 @@ mod tests {
         let (lens, table) = (tensor(&[3]), tensor(&[3, 4]));
         let batch = DecodeBatch { context_lens: &lens, block_table: &table };
         let options = AttentionOptions::new(64);
+        let rope = rope_config(64, 64, RopeLayout::NeoX);
+        let heads = HeadTransform::new(ctx, &rope, None).unwrap();
+        let kv_new = tensor(&[3, 2 * 64]);
         let mut encoder = ctx.encoder("test");
-        let mut decode_err = |q: &Tensor, cache: &KvCacheLayer<'_>, batch: &DecodeBatch<'_>, options| {
-            decode(ctx, &mut encoder, q, cache, batch, options, q).unwrap_err().to_string()
+        let mut decode_err = |heads: &HeadTransform, q: &Tensor, kv: &Tensor, cache, batch, options| {
+            let new = Projections { q, k: kv, v: kv };
+            decode(ctx, &mut encoder, heads, &new, cache, batch, options, q).unwrap_err().to_string()
         };
 
+        let q = tensor(&[3, 4, 64]);
         // 5 query heads over 2 kv heads.
-        let err = decode_err(&tensor(&[3, 5, 64]), &cache, &batch, &options);
+        let err = decode_err(&heads, &tensor(&[3, 5, 64]), &kv_new, &cache, &batch, &options);
         assert!(err.contains("attention_decode") && err.contains("kv heads"), "{err}");
         // q rows do not match the sequences.
-        let err = decode_err(&tensor(&[2, 4, 64]), &cache, &batch, &options);
+        let err = decode_err(&heads, &tensor(&[2, 4, 64]), &kv_new, &cache, &batch, &options);
         assert!(err.contains("query rows"), "{err}");
+        // Keys and values of one kv head, for a cache of two.
+        let err = decode_err(&heads, &q, &tensor(&[3, 64]), &cache, &batch, &options);
+        assert!(err.contains("k has 192"), "{err}");
+        // A transform of other heads.
+        let heads_32 =
+            HeadTransform::new(ctx, &RopeConfig { head_dim: 32, rotated_dims: 32, ..rope }, None).unwrap();
+        let err = decode_err(&heads_32, &q, &kv_new, &cache, &batch, &options);
+        assert!(err.contains("heads of 32"), "{err}");
         // A head size past the limit.
         let (k_big, v_big) = (tensor(&[1, 4, 1, 260]), tensor(&[1, 4, 1, 260]));
-        let err = decode_err(&tensor(&[3, 1, 260]), &KvCacheLayer { k: &k_big, v: &v_big }, &batch, &options);
+        let big = KvCacheLayer { k: &k_big, v: &v_big };
+        let err = decode_err(&heads, &tensor(&[3, 1, 260]), &kv_new, &big, &batch, &options);
         assert!(err.contains("head_dim 260"), "{err}");
         // K and V of different shapes.
-        let err = decode_err(&tensor(&[3, 4, 64]), &KvCacheLayer { k: &k, v: &k_big }, &batch, &options);
+        let mismatched = KvCacheLayer { k: &k, v: &k_big };
+        let err = decode_err(&heads, &q, &kv_new, &mismatched, &batch, &options);
         assert!(err.contains("num_blocks"), "{err}");
         // A block table with rows for other sequences.
         let short_table = tensor(&[2, 4]);
         let short = DecodeBatch { context_lens: &lens, block_table: &short_table };
-        let err = decode_err(&tensor(&[3, 4, 64]), &cache, &short, &options);
+        let err = decode_err(&heads, &q, &kv_new, &cache, &short, &options);
         assert!(err.contains("2 rows for 3 sequences"), "{err}");
         // Options out of range.
         let zero_window = AttentionOptions { sliding_window: Some(0), ..options };
-        assert!(decode_err(&tensor(&[3, 4, 64]), &cache, &batch, &zero_window).contains("sliding window"));
+        assert!(decode_err(&heads, &q, &kv_new, &cache, &batch, &zero_window).contains("sliding window"));
         let bad_cap = AttentionOptions { softcap: Some(-1.0), ..options };
-        assert!(decode_err(&tensor(&[3, 4, 64]), &cache, &batch, &bad_cap).contains("softcap"));
+        assert!(decode_err(&heads, &q, &kv_new, &cache, &batch, &bad_cap).contains("softcap"));
+        // Norm weights of another head size.
+        let weight = [1.0f32; 60];
+        let norms = HeadNorms { q: &weight, k: &weight, convention: NormWeight::Scale, eps: 1e-6 };
+        let err = HeadTransform::new(ctx, &rope, Some(norms)).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("heads have 64"), "{err}");
 
         let (seq_ids, positions) = (tensor(&[7]), tensor(&[6]));
         let batch = PrefillBatch { seq_ids: &seq_ids, positions: &positions, block_table: &table };

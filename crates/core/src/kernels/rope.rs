@@ -75,8 +75,11 @@ pub struct Rope {
     head_dim: u32,
     rot_pairs: u32,
     layout: RopeLayout,
-    /// Per pair, `theta_i / (2π pos)` as a 0.32 fixed-point fraction of a turn (see rope.wgsl).
+    /// Per pair, `theta_i / (2π pos)` as a 0.32 fixed-point fraction of a turn (see
+    /// rope_common.wgsl).
     turns: Tensor,
+    /// The same, on the CPU: decode attention keeps a copy among its constants.
+    turn_values: Vec<u32>,
 }
 
 #[repr(C)]
@@ -96,6 +99,16 @@ impl Rope {
     /// Each rotated pair's fraction of a turn per position (see rope_common.wgsl).
     pub(crate) fn turns(&self) -> &Tensor {
         &self.turns
+    }
+
+    /// [`Rope::turns`] on the CPU.
+    pub(crate) fn turn_values(&self) -> &[u32] {
+        &self.turn_values
+    }
+
+    /// Rotated pairs per head.
+    pub(crate) fn rot_pairs(&self) -> usize {
+        self.rot_pairs as usize
     }
 
     /// Checks `config` and uploads its frequencies.
@@ -139,17 +152,18 @@ impl Rope {
             rot_pairs: pairs as u32,
             layout,
             turns: Tensor::from_slice(ctx, "rope turns per position", &[pairs], &turns)?,
+            turn_values: turns,
         })
     }
 
     fn source(&self) -> KernelSource {
-        self.kernel("rope", SOURCE).define("WG_SIZE", format!("{WG_SIZE}u"))
+        self.kernel("rope", &[SOURCE]).define("WG_SIZE", format!("{WG_SIZE}u"))
     }
 
-    /// A kernel that rotates as this does: `file` composed after the shared rotation, with
+    /// A kernel that rotates as this does: `parts` composed after the shared rotation, with
     /// this rope's constants defined.
-    pub(crate) fn kernel(&self, entry: &'static str, file: &'static str) -> KernelSource {
-        KernelSource::new(entry, &[COMMON, file])
+    pub(crate) fn kernel(&self, entry: &'static str, parts: &[&'static str]) -> KernelSource {
+        KernelSource::new(entry, &[&[COMMON], parts].concat())
             .define("HEAD_DIM", format!("{}u", self.head_dim))
             .define("ROT_PAIRS", format!("{}u", self.rot_pairs))
             .define("NEOX", self.layout == RopeLayout::NeoX)
@@ -202,7 +216,7 @@ pub fn rope(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testing::{Rng, assert_close, gpu, validate_wgsl};
 
@@ -210,12 +224,12 @@ mod tests {
     /// signed turn becomes an f32 angle within 2^-24 relative; sin and cos of an angle in
     /// [-π, π) are a few ULP off on lavapipe. Relative to the row's scale, an output is off by at
     /// most a few times the angle's error.
-    fn tolerance(max_position: u32) -> f32 {
+    pub(crate) fn tolerance(max_position: u32) -> f32 {
         let angle_error = f64::from(max_position) * TAU * 2f64.powi(-33) + 4e-7;
         (4.0 * angle_error + 1e-6) as f32
     }
 
-    fn reference(x: &[f32], positions: &[u32], config: &RopeConfig<'_>) -> Vec<f32> {
+    pub(crate) fn reference(x: &[f32], positions: &[u32], config: &RopeConfig<'_>) -> Vec<f32> {
         let mut out = x.to_vec();
         let n_rot = config.rotated_dims;
         let pairs = n_rot / 2;
@@ -259,7 +273,7 @@ mod tests {
         pollster::block_on(x_gpu.to_f32(ctx)).unwrap()
     }
 
-    fn config(head_dim: usize, rotated_dims: usize, layout: RopeLayout) -> RopeConfig<'static> {
+    pub(crate) fn config(head_dim: usize, rotated_dims: usize, layout: RopeLayout) -> RopeConfig<'static> {
         RopeConfig { head_dim, rotated_dims, base: 10000.0, freq_scale: 1.0, layout, freq_factors: None }
     }
 

@@ -4,7 +4,9 @@
 use std::ops::Range;
 
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
-use crate::kernels::attention::{self, AttentionOptions, DecodeBatch, KvCacheLayer, PrefillBatch};
+use crate::kernels::attention::{
+    self, AttentionOptions, DecodeBatch, HeadTransform, KvCacheLayer, PrefillBatch, Projections,
+};
 use crate::kernels::matmul::matmul;
 use crate::kernels::norm::{RmsNorm, rms_norm_in_place};
 use crate::kv::{KvBlockTable, KvCache};
@@ -41,18 +43,24 @@ pub struct SequenceChunk<'a> {
 /// The attention inputs of a step: the decode kernel when every chunk is one token, the
 /// prefill kernel otherwise.
 enum StepAttention {
-    Decode { context_lens: Tensor, block_table: Tensor },
-    Prefill { seq_ids: Tensor, block_table: Tensor },
+    Decode {
+        context_lens: Tensor,
+        block_table: Tensor,
+    },
+    Prefill {
+        seq_ids: Tensor,
+        /// u32 `[n_tokens]`: each token's position in its sequence.
+        positions: Tensor,
+        /// u32 `[n_tokens]`: each token's slot in the KV cache.
+        slots: Tensor,
+        block_table: Tensor,
+    },
 }
 
 /// A batch on the GPU: the per-token inputs every layer shares.
 pub(crate) struct Step {
     /// u32 `[n_tokens]`.
     pub token_ids: Tensor,
-    /// u32 `[n_tokens]`: each token's position in its sequence.
-    pub positions: Tensor,
-    /// u32 `[n_tokens]`: each token's slot in the KV cache.
-    pub slots: Tensor,
     attention: StepAttention,
     /// Runs of consecutive rows that get logits.
     logit_runs: Vec<Range<usize>>,
@@ -140,13 +148,13 @@ impl Step {
         } else {
             StepAttention::Prefill {
                 seq_ids: Tensor::from_slice(ctx, "sequence ids", &[n_tokens], &seq_ids)?,
+                positions: Tensor::from_slice(ctx, "positions", &[n_tokens], &positions)?,
+                slots: Tensor::from_slice(ctx, "kv slots", &[n_tokens], &slots)?,
                 block_table,
             }
         };
         Ok(Step {
             token_ids: Tensor::from_slice(ctx, "token ids", &[n_tokens], &token_ids)?,
-            positions: Tensor::from_slice(ctx, "positions", &[n_tokens], &positions)?,
-            slots: Tensor::from_slice(ctx, "kv slots", &[n_tokens], &slots)?,
             attention,
             n_logit_rows: logit_runs.iter().map(ExactSizeIterator::len).sum(),
             logit_runs,
@@ -158,13 +166,19 @@ impl Step {
         self.token_ids.len()
     }
 
-    /// Records causal attention of the queries `q` (`[n_tokens, n_heads * head_dim]`, already
-    /// rotated) over `cache`, whose slots already hold this step's keys and values, into `out`.
+    /// Records causal self-attention of the step's tokens, given their projections `new`
+    /// (`[n_tokens, heads * head_dim]` each): `heads` normalises and rotates their queries and
+    /// keys, their keys and values go to their slots in `cache`, and each query attends to its
+    /// sequence's keys up to its own; the result goes to `out` (`new.q`'s shape). A step of one
+    /// new token per sequence does all of it in one pass; otherwise the queries and keys are
+    /// transformed in place first.
+    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         ctx: &GpuContext,
         encoder: &mut wgpu::CommandEncoder,
-        q: &Tensor,
+        heads: &HeadTransform,
+        new: &Projections<'_>,
         cache: &KvCacheLayer<'_>,
         options: &AttentionOptions,
         out: &Tensor,
@@ -172,11 +186,12 @@ impl Step {
         match &self.attention {
             StepAttention::Decode { context_lens, block_table } => {
                 let batch = DecodeBatch { context_lens, block_table };
-                attention::decode(ctx, encoder, q, cache, &batch, options, out)
+                attention::decode(ctx, encoder, heads, new, cache, &batch, options, out)
             }
-            StepAttention::Prefill { seq_ids, block_table } => {
-                let batch = PrefillBatch { seq_ids, positions: &self.positions, block_table };
-                attention::prefill(ctx, encoder, q, cache, &batch, options, out)
+            StepAttention::Prefill { seq_ids, positions, slots, block_table } => {
+                heads.apply_and_store(ctx, encoder, new, positions, cache, slots)?;
+                let batch = PrefillBatch { seq_ids, positions, block_table };
+                attention::prefill(ctx, encoder, new.q, cache, &batch, options, out)
             }
         }
     }

@@ -16,6 +16,9 @@
 //!
 //! Each post-norm, its residual add and the next pre-norm run as one pass
 //! ([`rms_norm_residual`]): the layer's attention input is normalised by the previous joint.
+//! Dispatches a layer (decode): q/k/v in one stacked product, attention (which also normalises
+//! and rotates the new token's q and k and stores its k and v), the output projection, the
+//! joint, gate/up in one product, the down projection reading gelu(gate) * up, the joint: 7.
 //!
 //! Gemma's checkpoints scale by `1 + w` in every RMSNorm; llama.cpp's converter adds the 1 to
 //! the weights it writes (the norms of gemma-3-270m's GGUF average 2 to 26, not 0 to 1), so
@@ -23,12 +26,12 @@
 
 use crate::Result;
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
-use crate::kernels::attention::{AttentionOptions, rope_and_store_kv};
+use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Projections};
 use crate::kernels::elementwise::{GatedActivation, scale_in_place};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{GatedInput, matmul, matmul_gated};
-use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place, rms_norm_residual};
-use crate::kernels::rope::{Rope, RopeConfig};
+use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_residual};
+use crate::kernels::rope::RopeConfig;
 use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
@@ -39,9 +42,8 @@ struct Layer {
     attn_norm: Tensor,
     /// The query, key and value projections.
     attn_qkv: Stacked,
-    /// Per-head norms of the queries and keys, `[head_dim]` each.
-    attn_q_norm: Tensor,
-    attn_k_norm: Tensor,
+    /// The per-head norms of the queries and keys, and the rotation (local or global).
+    heads: HeadTransform,
     attn_output: QuantMatrix,
     post_attention_norm: Tensor,
     ffn_norm: Tensor,
@@ -61,8 +63,6 @@ pub(crate) struct Gemma3 {
     output_norm: Tensor,
     /// `None` when tied to the token embedding (as in every Gemma 3).
     output: Option<QuantMatrix>,
-    global_rope: Rope,
-    local_rope: Rope,
 }
 
 impl Gemma3 {
@@ -70,9 +70,29 @@ impl Gemma3 {
     pub fn load(weights: &WeightLoader<'_>, config: &ModelConfig) -> Result<Self> {
         let ModelConfig { hidden, ffn, head_dim, .. } = *config;
         let (q_width, kv_width) = (config.n_heads * head_dim, config.n_kv_heads * head_dim);
+        let rope = |settings: RopeSettings| RopeConfig {
+            head_dim,
+            rotated_dims: config.rope_dims,
+            base: settings.base,
+            freq_scale: settings.freq_scale,
+            layout: config.rope_layout,
+            freq_factors: None,
+        };
+        let (global_rope, local_rope) =
+            (rope(config.rope), rope(config.sliding_window.map_or(config.rope, |swa| swa.rope)));
         let layers = (0..config.n_layers)
             .map(|i| {
                 let name = |suffix: &str| format!("blk.{i}.{suffix}");
+                let local = config.is_sliding_window_layer(i);
+                let q_norm = weights.values_of(&name("attn_q_norm.weight"), head_dim)?;
+                let k_norm = weights.values_of(&name("attn_k_norm.weight"), head_dim)?;
+                let norms =
+                    HeadNorms { q: &q_norm, k: &k_norm, convention: NormWeight::Scale, eps: config.rms_eps };
+                let heads = HeadTransform::new(
+                    weights.ctx,
+                    if local { &local_rope } else { &global_rope },
+                    Some(norms),
+                )?;
                 Ok(Layer {
                     attn_norm: weights.vector(&name("attn_norm.weight"), hidden)?,
                     attn_qkv: weights.stacked(
@@ -83,8 +103,7 @@ impl Gemma3 {
                         ],
                         hidden,
                     )?,
-                    attn_q_norm: weights.vector(&name("attn_q_norm.weight"), head_dim)?,
-                    attn_k_norm: weights.vector(&name("attn_k_norm.weight"), head_dim)?,
+                    heads,
                     attn_output: weights.matrix(&name("attn_output.weight"), hidden, q_width)?,
                     post_attention_norm: weights.vector(&name("post_attention_norm.weight"), hidden)?,
                     ffn_norm: weights.vector(&name("ffn_norm.weight"), hidden)?,
@@ -92,23 +111,10 @@ impl Gemma3 {
                         .stacked(&[(name("ffn_gate.weight"), ffn), (name("ffn_up.weight"), ffn)], hidden)?,
                     ffn_down: weights.matrix(&name("ffn_down.weight"), hidden, ffn)?,
                     post_ffw_norm: weights.vector(&name("post_ffw_norm.weight"), hidden)?,
-                    local: config.is_sliding_window_layer(i),
+                    local,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let rope = |settings: RopeSettings| {
-            Rope::new(
-                weights.ctx,
-                &RopeConfig {
-                    head_dim,
-                    rotated_dims: config.rope_dims,
-                    base: settings.base,
-                    freq_scale: settings.freq_scale,
-                    layout: config.rope_layout,
-                    freq_factors: None,
-                },
-            )
-        };
         Ok(Gemma3 {
             config: config.clone(),
             token_embd: weights.matrix("token_embd.weight", config.vocab_size, hidden)?,
@@ -117,8 +123,6 @@ impl Gemma3 {
             output: (!config.tied_output)
                 .then(|| weights.matrix("output.weight", config.vocab_size, hidden))
                 .transpose()?,
-            global_rope: rope(config.rope)?,
-            local_rope: rope(config.sliding_window.map_or(config.rope, |swa| swa.rope))?,
         })
     }
 
@@ -148,16 +152,12 @@ impl Gemma3 {
             rms_norm(ctx, encoder, &self.norm(&first.attn_norm), &x, &s.normed)?;
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            let (rotary, attention) =
-                if layer.local { (&self.local_rope, &local) } else { (&self.global_rope, &global) };
+            let attention = if layer.local { &local } else { &global };
 
             // Self-attention of the normalised x, normalised after; then the FFN's input norm.
             layer.attn_qkv.forward(ctx, encoder, &s.normed, &[&s.q, &s.k, &s.v])?;
-            rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_q_norm), &s.q)?;
-            rms_norm_in_place(ctx, encoder, &self.norm(&layer.attn_k_norm), &s.k)?;
-            let kv = cache.layer(i);
-            rope_and_store_kv(ctx, encoder, rotary, &s.q, &s.k, &s.v, &step.positions, &kv, &step.slots)?;
-            step.attention(ctx, encoder, &s.q, &kv, attention, &s.attention)?;
+            let new = Projections { q: &s.q, k: &s.k, v: &s.v };
+            step.attention(ctx, encoder, &layer.heads, &new, &cache.layer(i), attention, &s.attention)?;
             matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
             let (post, ffn_norm) = (self.norm(&layer.post_attention_norm), self.norm(&layer.ffn_norm));
             rms_norm_residual(ctx, encoder, &post, &s.projected, &x, Some((&ffn_norm, &s.normed)))?;

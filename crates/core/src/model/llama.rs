@@ -7,25 +7,27 @@
 //!     h = rms_norm(x)
 //!     q, k, v = h·Wqᵀ (+ bq), h·Wkᵀ (+ bk), h·Wvᵀ (+ bv)      (one pass where the types agree)
 //!     q, k = rms_norm per head (qwen3)
-//!     q, k = rope(q), rope(k);  cache[slots] = k, v            (one pass)
+//!     q, k = rope(q), rope(k);  cache[slots] = k, v
 //!     x += attention(q, cache)·Woᵀ
 //!     h = rms_norm(x)
 //!     x += (silu(h·Wgateᵀ) * h·Wupᵀ)·Wdownᵀ
 //! logits = rms_norm(x)·Woutputᵀ       (Woutput = the embedding when the file has none)
 //! ```
 //!
-//! Dispatches a layer (llama, decode): the norm, q/k/v in one stacked product, rope with the
-//! cache store, attention, the output projection adding into x, the norm, gate/up in one
-//! product, and the down projection reading silu(gate) * up and adding into x: 8.
+//! Dispatches a layer (llama, decode): the norm, q/k/v in one stacked product, attention (which
+//! also normalises and rotates the new token's q and k and stores its k and v), the output
+//! projection adding into x, the norm, gate/up in one product, and the down projection reading
+//! silu(gate) * up and adding into x: 7. A prefill step norms, rotates and stores in passes of
+//! their own first.
 
 use crate::Result;
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
-use crate::kernels::attention::{AttentionOptions, rope_and_store_kv};
+use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Projections};
 use crate::kernels::elementwise::{GatedActivation, add_bias_in_place};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{GatedInput, matmul_add, matmul_gated_add};
-use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_in_place};
-use crate::kernels::rope::{Rope, RopeConfig};
+use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm};
+use crate::kernels::rope::RopeConfig;
 use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
@@ -38,9 +40,8 @@ struct Layer {
     qkv: Stacked,
     /// Qwen 2's biases of the query, key and value projections.
     qkv_bias: Option<[Tensor; 3]>,
-    /// Qwen 3's per-head norms of the queries and keys, `[head_dim]` each.
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
+    /// Qwen 3's per-head norms of the queries and keys, and the rotation.
+    heads: HeadTransform,
     attn_output: QuantMatrix,
     ffn_norm: Tensor,
     /// The gate and up projections.
@@ -56,7 +57,6 @@ pub(crate) struct Llama {
     output_norm: Tensor,
     /// `None` when tied to the token embedding.
     output: Option<QuantMatrix>,
-    rope: Rope,
 }
 
 impl Llama {
@@ -66,12 +66,31 @@ impl Llama {
         let (q_width, kv_width) = (config.n_heads * head_dim, config.n_kv_heads * head_dim);
         let qkv_bias = config.architecture == Architecture::Qwen2;
         let head_norms = config.architecture == Architecture::Qwen3;
+        // Llama 3.1+ divides each rotated pair's frequency by a factor from the file.
+        let freq_factors = weights.optional_values("rope_freqs.weight", config.rope_dims / 2)?;
+        let rope = RopeConfig {
+            head_dim,
+            rotated_dims: config.rope_dims,
+            base: config.rope.base,
+            freq_scale: config.rope.freq_scale,
+            layout: config.rope_layout,
+            freq_factors: freq_factors.as_deref(),
+        };
         let layers = (0..config.n_layers)
             .map(|i| {
                 let name = |suffix: &str| format!("blk.{i}.{suffix}");
-                let head_norm = |suffix: &str| -> Result<Option<Tensor>> {
-                    head_norms.then(|| weights.vector(&name(suffix), head_dim)).transpose()
+                let head_norm = |suffix: &str| weights.values_of(&name(suffix), head_dim);
+                let norms = if head_norms {
+                    Some((head_norm("attn_q_norm.weight")?, head_norm("attn_k_norm.weight")?))
+                } else {
+                    None
                 };
+                let norms = norms.as_ref().map(|(q, k)| HeadNorms {
+                    q,
+                    k,
+                    convention: NormWeight::Scale,
+                    eps: config.rms_eps,
+                });
                 let qkv = [("attn_q", q_width), ("attn_k", kv_width), ("attn_v", kv_width)];
                 let bias = |(projection, rows): (&str, usize)| {
                     weights.vector(&name(&format!("{projection}.bias")), rows)
@@ -85,8 +104,7 @@ impl Llama {
                     } else {
                         None
                     },
-                    q_norm: head_norm("attn_q_norm.weight")?,
-                    k_norm: head_norm("attn_k_norm.weight")?,
+                    heads: HeadTransform::new(weights.ctx, &rope, norms)?,
                     attn_output: weights.matrix(&name("attn_output.weight"), hidden, q_width)?,
                     ffn_norm: weights.vector(&name("ffn_norm.weight"), hidden)?,
                     ffn_gate_up: weights
@@ -95,19 +113,6 @@ impl Llama {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        // Llama 3.1+ divides each rotated pair's frequency by a factor from the file.
-        let freq_factors = weights.optional_values("rope_freqs.weight", config.rope_dims / 2)?;
-        let rope = Rope::new(
-            weights.ctx,
-            &RopeConfig {
-                head_dim,
-                rotated_dims: config.rope_dims,
-                base: config.rope.base,
-                freq_scale: config.rope.freq_scale,
-                layout: config.rope_layout,
-                freq_factors: freq_factors.as_deref(),
-            },
-        )?;
         Ok(Llama {
             config: config.clone(),
             token_embd: weights.matrix("token_embd.weight", config.vocab_size, hidden)?,
@@ -116,7 +121,6 @@ impl Llama {
             output: (!config.tied_output)
                 .then(|| weights.matrix("output.weight", config.vocab_size, hidden))
                 .transpose()?,
-            rope,
         })
     }
 
@@ -146,13 +150,8 @@ impl Llama {
                     add_bias_in_place(ctx, encoder, out, bias)?;
                 }
             }
-            if let (Some(q_norm), Some(k_norm)) = (&layer.q_norm, &layer.k_norm) {
-                rms_norm_in_place(ctx, encoder, &self.norm(q_norm), &s.q)?;
-                rms_norm_in_place(ctx, encoder, &self.norm(k_norm), &s.k)?;
-            }
-            let kv = cache.layer(i);
-            rope_and_store_kv(ctx, encoder, &self.rope, &s.q, &s.k, &s.v, &step.positions, &kv, &step.slots)?;
-            step.attention(ctx, encoder, &s.q, &kv, &attention, &s.attention)?;
+            let new = Projections { q: &s.q, k: &s.k, v: &s.v };
+            step.attention(ctx, encoder, &layer.heads, &new, &cache.layer(i), &attention, &s.attention)?;
             matmul_add(ctx, encoder, &layer.attn_output, &s.attention, &x)?;
 
             // Feed-forward (SwiGLU).

@@ -318,35 +318,73 @@ fn tiny_file(tiny: &Tiny, rng: &mut Rng) -> (TinyWeights, GgufFile) {
     (weights, file)
 }
 
+/// Compares rows of GPU logits, the `i`-th of `positions[i]`, with the CPU reference; returns
+/// the worst error relative to each row's largest |logit|.
+fn compare(what: &str, tiny: &Tiny, got: &[f32], expected: &[Vec<f64>], positions: &[usize]) -> f64 {
+    let mut worst = 0.0f64;
+    for (row, &position) in got.chunks_exact(tiny.vocab).zip(positions) {
+        let reference = &expected[position];
+        let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (i, (&g, &e)) in row.iter().zip(reference).enumerate() {
+            let error = (f64::from(g) - e).abs() / scale;
+            assert!(
+                error <= LOGIT_TOLERANCE,
+                "{} {what}: position {position} logit {i}: got {g}, expected {e} (error {error:.2e} of the row's max {scale:.3})",
+                tiny.arch.name()
+            );
+            worst = worst.max(error);
+        }
+    }
+    worst
+}
+
 /// Runs `tokens` through the GPU model in one pass and compares every row of logits with the
-/// CPU reference.
+/// CPU reference; then again as a prompt and one decode step per token, two sequences at a
+/// time (the decode kernel normalises, rotates and stores the new keys itself).
 fn check(tiny: Tiny) {
     let mut rng = Rng::new(&format!("tiny {}", tiny.arch.name()));
     let (weights, file) = tiny_file(&tiny, &mut rng);
     let model = Model::load(gpu(), &file).unwrap();
     assert_eq!(model.config().architecture, tiny.arch);
     let tokens: Vec<u32> = (0..11).map(|_| rng.usize(0, tiny.vocab) as u32).collect();
-    let mut cache = model.new_kv_cache(Some(tokens.len())).unwrap();
+    let expected = reference_logits(&tiny, &weights, &tokens);
+    let read = |logits: Tensor| pollster::block_on(logits.to_f32(&gpu())).unwrap();
+
+    let mut cache = model.new_kv_cache(Some(3 * tokens.len())).unwrap();
     let mut table = cache.new_sequence();
     cache.append(&mut table, tokens.len()).unwrap();
     let chunk = SequenceChunk { table: &table, tokens: &tokens, first_position: 0, logits: LogitRows::All };
-    let logits = model.forward(&cache, &[chunk]).unwrap();
-    let got = pollster::block_on(logits.to_f32(&gpu())).unwrap();
-    let expected = reference_logits(&tiny, &weights, &tokens);
-    let mut worst = 0.0f64;
-    for (position, (row, reference)) in got.chunks_exact(tiny.vocab).zip(&expected).enumerate() {
-        let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        for (i, (&g, &e)) in row.iter().zip(reference).enumerate() {
-            let error = (f64::from(g) - e).abs() / scale;
-            assert!(
-                error <= LOGIT_TOLERANCE,
-                "{}: position {position} logit {i}: got {g}, expected {e} (error {error:.2e} of the row's max {scale:.3})",
-                tiny.arch.name()
-            );
-            worst = worst.max(error);
-        }
-    }
+    let all: Vec<usize> = (0..tokens.len()).collect();
+    let worst = compare("one pass", &tiny, &read(model.forward(&cache, &[chunk]).unwrap()), &expected, &all);
     eprintln!("{}: worst logit error {worst:.2e} of the row's largest |logit|", tiny.arch.name());
+
+    let prompt = 4;
+    let mut tables = [cache.new_sequence(), cache.new_sequence()];
+    for table in &mut tables {
+        cache.append(table, prompt).unwrap();
+    }
+    let chunks = tables.each_ref().map(|table| SequenceChunk {
+        table,
+        tokens: &tokens[..prompt],
+        first_position: 0,
+        logits: LogitRows::None,
+    });
+    model.forward(&cache, &chunks).unwrap();
+    let mut worst = 0.0f64;
+    for position in prompt..tokens.len() {
+        for table in &mut tables {
+            cache.append(table, 1).unwrap();
+        }
+        let chunks = tables.each_ref().map(|table| SequenceChunk {
+            table,
+            tokens: &tokens[position..=position],
+            first_position: position,
+            logits: LogitRows::Last,
+        });
+        let got = read(model.forward(&cache, &chunks).unwrap());
+        worst = worst.max(compare("decode", &tiny, &got, &expected, &[position, position]));
+    }
+    eprintln!("{}: decoding, worst logit error {worst:.2e}", tiny.arch.name());
 }
 
 #[test]

@@ -86,6 +86,11 @@ impl WeightLoader<'_> {
         Tensor::from_slice(self.ctx, name, &[len], &values)
     }
 
+    /// The f32 values of the vector `name` of `len` elements on the CPU.
+    pub fn values_of(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.values(self.info(name)?, len)
+    }
+
     /// The f32 values of the vector `name` on the CPU, if the file has it.
     pub fn optional_values(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
         self.file.tensor(name).map(|info| self.values(info, len)).transpose()
