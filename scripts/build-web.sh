@@ -19,8 +19,18 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$version" 
   echo "build-web: installing wasm-bindgen-cli $version from crates.io" >&2
   # --locked when its lock file resolves; a crates.io index without one of the locked versions
   # (a mirror's snapshot, a yanked crate) fails that, and then the newest compatible versions do.
-  cargo install wasm-bindgen-cli --version "$version" --locked --quiet ||
-    cargo install wasm-bindgen-cli --version "$version" --quiet
+  # The first attempt's errors are kept and shown only if the second fails too.
+  locked_log=$(mktemp)
+  if ! cargo install wasm-bindgen-cli --version "$version" --locked --quiet 2>"$locked_log"; then
+    echo "build-web: its locked dependencies do not resolve on this registry; installing with the newest compatible ones" >&2
+    if ! cargo install wasm-bindgen-cli --version "$version" --quiet; then
+      echo "build-web: the locked install had failed with:" >&2
+      cat "$locked_log" >&2
+      rm -f "$locked_log"
+      exit 1
+    fi
+  fi
+  rm -f "$locked_log"
 fi
 
 rustup target list --installed | grep -qx wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
