@@ -305,13 +305,13 @@ impl QuantMatrix {
             let mut written = 0;
             let mut part_start = 0;
             let mut repacked = vec![0u8; gpu_row_bytes];
-            let body = body_ranges(self.quant.block_bytes(), moved_fields(self.quant));
+            let fields = moved_fields(self.quant);
+            let body = body_ranges(self.quant.block_bytes(), fields);
             for (part, &part_rows) in parts.iter().zip(&self.part_rows) {
                 let run = rows.start.max(part_start)..rows.end.min(part_start + part_rows);
                 if !run.is_empty() {
                     let src = &part[(run.start - part_start) * row_bytes..(run.end - part_start) * row_bytes];
                     let at = written * gpu_row_bytes;
-                    let fields = moved_fields(self.quant);
                     if fields.is_empty() && row_bytes == gpu_row_bytes {
                         view.slice(at..at + src.len()).copy_from_slice(src);
                     } else {
@@ -416,53 +416,60 @@ mod tests {
         bytes
     }
 
+    /// Uploads 2 rows of 3 blocks of `quant` and checks their GPU layout: `row_words` words a
+    /// row; the `body` bytes of each GGUF block back to back; each moved field (a name, its bytes
+    /// in the GGUF block, the byte its array starts at) as an array; zeros after the last array.
+    fn assert_repacked(
+        ctx: &GpuContext,
+        rng: &mut Rng,
+        quant: QuantType,
+        row_words: usize,
+        body: Range<usize>,
+        arrays: &[(&str, Range<usize>, usize)],
+    ) {
+        let (blocks, block_bytes) = (3, quant.block_bytes());
+        let cols = blocks * quant.block_elements();
+        let src = random_rows(quant, 2, cols, rng);
+        let matrix = QuantMatrix::upload(ctx, "w", quant, 2, cols, &src).unwrap();
+        assert_eq!(matrix.row_words(), row_words, "{quant}");
+        let got = read_back(ctx, &matrix);
+        let (row_bytes, gpu_row_bytes) = (blocks * block_bytes, row_words * 4);
+        for r in 0..2 {
+            let row = &src[r * row_bytes..(r + 1) * row_bytes];
+            let gpu_row = &got[r * gpu_row_bytes..(r + 1) * gpu_row_bytes];
+            for b in 0..blocks {
+                let block = &row[b * block_bytes..(b + 1) * block_bytes];
+                let body_at = b * body.len();
+                assert_eq!(
+                    &gpu_row[body_at..body_at + body.len()],
+                    &block[body.clone()],
+                    "{quant} row {r} body {b}"
+                );
+                for (name, field, array_at) in arrays {
+                    let at = array_at + b * field.len();
+                    assert_eq!(
+                        &gpu_row[at..at + field.len()],
+                        &block[field.clone()],
+                        "{quant} row {r} {name} {b}"
+                    );
+                }
+            }
+            let padding_at = arrays.iter().map(|(_, field, at)| at + blocks * field.len()).max().unwrap();
+            assert!(gpu_row[padding_at..].iter().all(|&b| b == 0), "{quant} row {r} padding");
+        }
+    }
+
     #[test]
     fn unaligned_types_are_repacked_scales_last() {
         let ctx = gpu();
         let mut rng = Rng::new("repack");
-        // Q8_0, 3 blocks a row: bodies of 32 bytes, then 3 scales in 2 words, padded to 28
+        // Q8_0: bodies of 32 bytes, then 3 scales in 2 words, padded to 28 words.
+        assert_repacked(ctx, &mut rng, QuantType::Q8_0, 28, 2..34, &[("scale", 0..2, 96)]);
+        // Q4_1: nibbles of 16 bytes, then 3 (d, m) pairs of 4 bytes, padded to 16 words.
+        assert_repacked(ctx, &mut rng, QuantType::Q4_1, 16, 4..20, &[("head", 0..4, 48)]);
+        // Q5_0: low nibbles of 16 bytes, then 3 qh words, then 3 scales in 2 words, padded to 20
         // words.
-        let src = random_rows(QuantType::Q8_0, 2, 96, &mut rng);
-        let matrix = QuantMatrix::upload(ctx, "q8", QuantType::Q8_0, 2, 96, &src).unwrap();
-        assert_eq!(matrix.row_words(), 28);
-        let got = read_back(ctx, &matrix);
-        for r in 0..2 {
-            let (row, gpu_row) = (&src[r * 102..(r + 1) * 102], &got[r * 112..(r + 1) * 112]);
-            for b in 0..3 {
-                assert_eq!(&gpu_row[32 * b..32 * b + 32], &row[34 * b + 2..34 * b + 34], "row {r} body {b}");
-                assert_eq!(&gpu_row[96 + 2 * b..98 + 2 * b], &row[34 * b..34 * b + 2], "row {r} scale {b}");
-            }
-            assert!(gpu_row[102..].iter().all(|&b| b == 0), "row {r} padding");
-        }
-        // Q4_1, 3 blocks a row: nibbles of 16 bytes, then 3 (d, m) pairs of 4 bytes, padded to
-        // 16 words.
-        let src = random_rows(QuantType::Q4_1, 2, 96, &mut rng);
-        let matrix = QuantMatrix::upload(ctx, "q4_1", QuantType::Q4_1, 2, 96, &src).unwrap();
-        assert_eq!(matrix.row_words(), 16);
-        let got = read_back(ctx, &matrix);
-        for r in 0..2 {
-            let (row, gpu_row) = (&src[r * 60..(r + 1) * 60], &got[r * 64..(r + 1) * 64]);
-            for b in 0..3 {
-                assert_eq!(&gpu_row[16 * b..16 * b + 16], &row[20 * b + 4..20 * b + 20], "row {r} body {b}");
-                assert_eq!(&gpu_row[48 + 4 * b..52 + 4 * b], &row[20 * b..20 * b + 4], "row {r} head {b}");
-            }
-            assert!(gpu_row[60..].iter().all(|&b| b == 0), "row {r} padding");
-        }
-        // Q5_0, 3 blocks a row: low nibbles of 16 bytes, then 3 qh words, then 3 scales in 2
-        // words, padded to 20 words.
-        let src = random_rows(QuantType::Q5_0, 2, 96, &mut rng);
-        let matrix = QuantMatrix::upload(ctx, "q5_0", QuantType::Q5_0, 2, 96, &src).unwrap();
-        assert_eq!(matrix.row_words(), 20);
-        let got = read_back(ctx, &matrix);
-        for r in 0..2 {
-            let (row, gpu_row) = (&src[r * 66..(r + 1) * 66], &got[r * 80..(r + 1) * 80]);
-            for b in 0..3 {
-                assert_eq!(&gpu_row[16 * b..16 * b + 16], &row[22 * b + 6..22 * b + 22], "row {r} body {b}");
-                assert_eq!(&gpu_row[48 + 4 * b..52 + 4 * b], &row[22 * b + 2..22 * b + 6], "row {r} qh {b}");
-                assert_eq!(&gpu_row[60 + 2 * b..62 + 2 * b], &row[22 * b..22 * b + 2], "row {r} scale {b}");
-            }
-            assert!(gpu_row[66..].iter().all(|&b| b == 0), "row {r} padding");
-        }
+        assert_repacked(ctx, &mut rng, QuantType::Q5_0, 20, 6..22, &[("qh", 2..6, 48), ("scale", 0..2, 60)]);
     }
 
     #[test]
