@@ -14,11 +14,15 @@ fn q5_0_scale(row: WeightRow, block: u32) -> f32 {
     return trailing_scale(row, Q5_0_BODY_WORDS + 1u, block);
 }
 
-// The fifth bits of weights j .. j + 8 (from qh shifted down by j), as bit 4 of two vec4s.
-fn q5_0_fifth_bits(qh: u32) -> Weights8 {
-    let lo = ((vec4<u32>(qh) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(4u);
-    let hi = ((vec4<u32>(qh) >> vec4<u32>(4u, 5u, 6u, 7u)) & vec4<u32>(1u)) << vec4<u32>(4u);
-    return Weights8(vec4<f32>(lo), vec4<f32>(hi));
+// Eight weights from two words of low nibbles (the halves at `shift`), the fifth bits `qh`
+// shifted down to the first of them, and the scale d.
+fn q5_0_weights8(first: u32, second: u32, shift: u32, qh: u32, d: f32) -> Weights8 {
+    // Bit 4 of each weight: bits 0..8 of qh.
+    let high_lo = vec4<f32>(((vec4<u32>(qh) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(4u));
+    let high_hi = vec4<f32>(((vec4<u32>(qh) >> vec4<u32>(4u, 5u, 6u, 7u)) & vec4<u32>(1u)) << vec4<u32>(4u));
+    let lo = vec4<f32>(byte_fields(first, shift, 0xfu)) + high_lo - 16.0;
+    let hi = vec4<f32>(byte_fields(second, shift, 0xfu)) + high_hi - 16.0;
+    return Weights8(lo * d, hi * d);
 }
 
 fn decode8(row: WeightRow, k: u32) -> Weights8 {
@@ -26,11 +30,7 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let j = k % 32u;
     let w = row.first_word + block * Q5_0_BODY_WORDS + (j % 16u) / 4u;
     let shift = (j / 16u) * 4u;
-    let high = q5_0_fifth_bits(q5_0_high_bits(row, block) >> j);
-    let d = q5_0_scale(row, block);
-    let lo = vec4<f32>(byte_fields(word(w), shift, 0xfu)) + high.lo - 16.0;
-    let hi = vec4<f32>(byte_fields(word(w + 1u), shift, 0xfu)) + high.hi - 16.0;
-    return Weights8(lo * d, hi * d);
+    return q5_0_weights8(word(w), word(w + 1u), shift, q5_0_high_bits(row, block) >> j, q5_0_scale(row, block));
 }
 
 // One block: its scale, its fifth bits and its 16 bytes of low nibbles.
@@ -50,8 +50,5 @@ fn load32(row: WeightRow, k: u32) -> Block32 {
 fn unpack8(block: Block32, i: u32) -> Weights8 {
     let at = 2u * (i % 2u);
     let shift = (i / 2u) * 4u;
-    let high = q5_0_fifth_bits(block.qh >> (8u * i));
-    let lo = vec4<f32>(byte_fields(block.qs[at], shift, 0xfu)) + high.lo - 16.0;
-    let hi = vec4<f32>(byte_fields(block.qs[at + 1u], shift, 0xfu)) + high.hi - 16.0;
-    return Weights8(lo * block.d, hi * block.d);
+    return q5_0_weights8(block.qs[at], block.qs[at + 1u], shift, block.qh >> (8u * i), block.d);
 }

@@ -7,6 +7,14 @@
 // scale bytes and d.
 const Q6_K_BODY_WORDS: u32 = 52u;
 
+// Eight weights from two words of ql (their nibbles at `low_shift`), the two matching words of
+// qh (their 2-bit fields at `high_shift`) and the scale d.
+fn q6_k_weights8(ql0: u32, ql1: u32, qh0: u32, qh1: u32, low_shift: u32, high_shift: u32, d: f32) -> Weights8 {
+    let lo = byte_fields(ql0, low_shift, 0xfu) | (byte_fields(qh0, high_shift, 3u) << vec4<u32>(4u));
+    let hi = byte_fields(ql1, low_shift, 0xfu) | (byte_fields(qh1, high_shift, 3u) << vec4<u32>(4u));
+    return Weights8(d * (vec4<f32>(lo) - 32.0), d * (vec4<f32>(hi) - 32.0));
+}
+
 fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let block = k / 256u;
     let body = row.first_word + block * Q6_K_BODY_WORDS;
@@ -20,10 +28,7 @@ fn decode8(row: WeightRow, k: u32) -> Weights8 {
     let scale_byte = (word(body + 48u + scale_index / 4u) >> ((scale_index % 4u) * 8u)) & 0xffu;
     let scale = f32(bitcast<i32>(scale_byte << 24u) >> 24u);
     let d = trailing_scale(row, Q6_K_BODY_WORDS, block) * scale;
-    let low_shift = (i / 2u) * 4u;
-    let lo = byte_fields(word(ql), low_shift, 0xfu) | (byte_fields(word(qh), 2u * i, 3u) << vec4<u32>(4u));
-    let hi = byte_fields(word(ql + 1u), low_shift, 0xfu) | (byte_fields(word(qh + 1u), 2u * i, 3u) << vec4<u32>(4u));
-    return Weights8(d * (vec4<f32>(lo) - 32.0), d * (vec4<f32>(hi) - 32.0));
+    return q6_k_weights8(word(ql), word(ql + 1u), word(qh), word(qh + 1u), (i / 2u) * 4u, 2u * i, d);
 }
 
 // The 32 weights l + 32i of half h of a block (l < 32): their low and high bits, the scale of
@@ -60,7 +65,5 @@ fn unpack8(block: Block32, s: u32) -> Weights8 {
     let qh = select(block.qh_last, block.qh_first, s < 2u);
     let d = select(block.d_last, block.d_first, s < 2u);
     let at = 2u * (s % 2u);
-    let lo = byte_fields(ql[at], block.low_shift, 0xfu) | (byte_fields(qh[at], block.high_shift, 3u) << vec4<u32>(4u));
-    let hi = byte_fields(ql[at + 1u], block.low_shift, 0xfu) | (byte_fields(qh[at + 1u], block.high_shift, 3u) << vec4<u32>(4u));
-    return Weights8(d * (vec4<f32>(lo) - 32.0), d * (vec4<f32>(hi) - 32.0));
+    return q6_k_weights8(ql[at], ql[at + 1u], qh[at], qh[at + 1u], block.low_shift, block.high_shift, d);
 }
