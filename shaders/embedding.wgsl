@@ -22,10 +22,15 @@ struct Params {
     zero_missing: u32,
 }
 
-@group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
+// @binding(0): `weights`, declared in quant/common.wgsl.
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
+// In a storage buffer where the weights are a texture (see quant/common.wgsl).
+#if TEXTURE_WEIGHTS
+@group(0) @binding(3) var<storage, read> params: Params;
+#else
 @group(0) @binding(3) var<uniform> params: Params;
+#endif
 
 @compute @workgroup_size(WG_SIZE)
 fn embedding(

@@ -44,10 +44,18 @@ struct Params {
     _pad1: u32,
 }
 
-@group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
+// @binding(0): `weights`, declared in quant/common.wgsl.
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+// In a storage buffer where the weights are a texture (see quant/common.wgsl).
+#if TEXTURE_WEIGHTS
+@group(0) @binding(3) var<storage, read> params: Params;
+#else
 @group(0) @binding(3) var<uniform> params: Params;
+#endif
+// The parameters, copied once by each invocation: where they are a storage buffer, every read
+// of `params` would be a load.
+var<private> p: Params;
 #if GATED
 @group(0) @binding(4) var<storage, read> x_up: array<vec4<f32>>;
 #endif
@@ -98,18 +106,18 @@ const_assert !SPLIT;
 // Writes (or adds) the sum of batch row b and row `row` of the whole matrix to its output.
 fn store(b: u32, row: u32, sum: f32) {
 #if SPLIT
-    if row >= params.third_row {
+    if row >= p.third_row {
 #if THIRD
-        y2[b * (params.out_rows - params.third_row) + row - params.third_row] = sum;
+        y2[b * (p.out_rows - p.third_row) + row - p.third_row] = sum;
 #endif
         return;
     }
-    if row >= params.second_row {
-        y1[b * (params.third_row - params.second_row) + row - params.second_row] = sum;
+    if row >= p.second_row {
+        y1[b * (p.third_row - p.second_row) + row - p.second_row] = sum;
         return;
     }
 #endif
-    let i = b * params.second_row + row;
+    let i = b * p.second_row + row;
 #if ADD_TO_OUTPUT
     y[i] += sum;
 #else
@@ -130,9 +138,9 @@ fn accumulate(
     b0: u32,
     subgroup_lane: u32,
 ) {
-    let x_row_vec4s = params.cols / 4u;
+    let x_row_vec4s = p.cols / 4u;
     for (var t = 0u; t < BATCH_TILE; t++) {
-        let xi = min(b0 + t, params.batch - 1u) * x_row_vec4s + 2u * g;
+        let xi = min(b0 + t, p.batch - 1u) * x_row_vec4s + 2u * g;
 #if X_BROADCAST
         // Lanes past 8 (larger subgroups) load again what lane % 8 loads.
         let j = subgroup_lane % 8u;
@@ -168,11 +176,12 @@ fn matmul(
     @builtin(subgroup_invocation_id) subgroup_lane: u32,
 #endif
 ) {
+    p = params;
     let part = lane % THREADS_PER_ROW;
     let r0 = ((wg.x + wg.y * groups.x) * (WG_SIZE / THREADS_PER_ROW) + lane / THREADS_PER_ROW) * ROW_TILE;
     var rows: array<WeightRow, ROW_TILE>;
     for (var i = 0u; i < ROW_TILE; i++) {
-        rows[i] = WeightRow(min(r0 + i, params.rows - 1u) * params.row_words, params.blocks);
+        rows[i] = WeightRow(min(r0 + i, p.rows - 1u) * p.row_words, p.blocks);
     }
     let b0 = wg.z * BATCH_TILE;
 #if X_BROADCAST
@@ -184,7 +193,7 @@ fn matmul(
     var acc: array<f32, TILE>;
 #if WIDE
     // Whole blocks of 32 weights: each word of a block is read once (see quant/common.wgsl).
-    let groups32 = params.cols / 32u;
+    let groups32 = p.cols / 32u;
     for (var b = 0u; b < groups32; b++) {
         var blocks: array<Block32, ROW_TILE>;
         for (var i = 0u; i < ROW_TILE; i++) {
@@ -203,7 +212,7 @@ fn matmul(
 #else
     let first_group = part;
 #endif
-    for (var g = first_group; g < params.cols / 8u; g += THREADS_PER_ROW) {
+    for (var g = first_group; g < p.cols / 8u; g += THREADS_PER_ROW) {
         var w: array<Weights8, ROW_TILE>;
         for (var i = 0u; i < ROW_TILE; i++) {
             w[i] = decode8(rows[i], g * 8u);
@@ -239,8 +248,8 @@ fn matmul(
     if part == 0u {
         for (var t = 0u; t < BATCH_TILE; t++) {
             for (var i = 0u; i < ROW_TILE; i++) {
-                if b0 + t < params.batch && r0 + i < params.rows {
-                    store(b0 + t, params.first_row + r0 + i, acc[t * ROW_TILE + i]);
+                if b0 + t < p.batch && r0 + i < p.rows {
+                    store(b0 + t, p.first_row + r0 + i, acc[t * ROW_TILE + i]);
                 }
             }
         }

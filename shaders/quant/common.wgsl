@@ -1,9 +1,9 @@
 // The interface every block decoder in shaders/quant/ implements, and the helpers they share.
 //
 // A kernel that reads weights is composed at pipeline creation from three parts: this file,
-// ONE decoder (f32.wgsl, q4_k.wgsl, ...) and the kernel family's file. The family file declares
-//     @group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
-// holding one chunk of a weight matrix in flint's GPU layout (crates/core/src/gpu/weight.rs):
+// ONE decoder (f32.wgsl, q4_k.wgsl, ...) and the kernel family's file. This file declares
+// `weights`, @binding(0) of @group(0), holding one chunk of a weight matrix in flint's GPU
+// layout (crates/core/src/gpu/weight.rs):
 // every row starts on a 16-byte boundary and is `row_words` words long (a multiple of 4), so
 // a decoder reads whole 16-byte pieces of a row with one vec4 load where its layout allows
 // (one load instead of four: on a GPU one wide transaction, on a CPU device one trip through
@@ -27,6 +27,27 @@
 // device, where every load is a loop over the SIMD lanes, loads set the speed. Types whose
 // decode8 reads each word once get load32 from block32.wgsl, made of four decode8 calls.
 
+// The chunk is a storage buffer, or with TEXTURE_WEIGHTS (on CPU devices, whose storage-buffer
+// loads are slow) an rgba32uint texture TEXTURE_WIDTH texels wide holding the same words, four
+// a texel, row after row. Kernels built with TEXTURE_WEIGHTS read their parameters from a
+// storage buffer, not a uniform: lavapipe would otherwise compile the uniform values into a
+// new shader variant each time a bind group with the texture is bound (~4 ms).
+#if TEXTURE_WEIGHTS
+@group(0) @binding(0) var weights: texture_storage_2d<rgba32uint, read>;
+
+// The 16 bytes of the bound chunk from word i on (i a multiple of 4): one texel load.
+fn words4(i: u32) -> vec4<u32> {
+    let texel = i / 4u;
+    return textureLoad(weights, vec2<u32>(texel % TEXTURE_WIDTH, texel / TEXTURE_WIDTH));
+}
+
+// Word i of the bound chunk.
+fn word(i: u32) -> u32 {
+    return words4(i & ~3u)[i % 4u];
+}
+#else
+@group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
+
 // Word i of the bound chunk (a single 32-bit load).
 fn word(i: u32) -> u32 {
     return weights[i / 4u][i % 4u];
@@ -36,6 +57,7 @@ fn word(i: u32) -> u32 {
 fn words4(i: u32) -> vec4<u32> {
     return weights[i / 4u];
 }
+#endif
 
 // Eight consecutive weights of a row: elements k .. k + 3 and k + 4 .. k + 7.
 struct Weights8 {

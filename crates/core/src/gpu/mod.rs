@@ -10,7 +10,7 @@ mod profile;
 mod tensor;
 mod weight;
 
-pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions};
+pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions, WeightStorage};
 pub use pipeline::{KernelSource, preprocess};
 pub use profile::KernelTime;
 pub use tensor::Tensor;

@@ -166,13 +166,21 @@ impl GpuContext {
         Ok(())
     }
 
-    /// A uniform buffer holding `data` (a kernel's parameters).
+    /// A buffer holding `data` (a kernel's parameters), bindable as a uniform or a read-only
+    /// storage buffer.
+    ///
+    /// Kernels read their parameters as uniforms, except those that read weights from textures
+    /// ([`GpuFeatures::weight_textures`]): lavapipe compiles the values of uniforms into a
+    /// shader variant, which pays off for buffer reads (loop bounds become constants) but costs
+    /// ~4 ms each time a bind group with a texture is bound (measured on lavapipe 22.3).
+    ///
+    /// [`GpuFeatures::weight_textures`]: crate::gpu::GpuFeatures::weight_textures
     pub fn uniform<T: bytemuck::Pod>(&self, data: &T) -> wgpu::Buffer {
         use wgpu::util::DeviceExt;
         self.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("flint params"),
             contents: bytemuck::bytes_of(data),
-            usage: wgpu::BufferUsages::UNIFORM,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE,
         })
     }
 

@@ -17,11 +17,18 @@
 //!   and Q5_0's fifth bits one per word). This costs a few bytes of padding a row (padding each
 //!   block to a word would cost up to 11%) and spares every load in the kernels the two-word
 //!   shifting that unaligned reads need.
+//!
+//! A chunk lives in a read-only storage buffer, or where the device reads textures faster
+//! ([`GpuFeatures::weight_textures`]: CPU adapters) in an `rgba32uint` texture
+//! [`TEXTURE_WIDTH`] texels wide: the same bytes, 16 to a texel, the chunk's word `i` in texel
+//! `i / 4` counted row by row (a matrix row may continue on the next texture row).
+//!
+//! [`GpuFeatures::weight_textures`]: crate::gpu::GpuFeatures::weight_textures
 
 use std::ops::Range;
 
-use crate::gpu::GpuContext;
 use crate::gpu::memory::Reservation;
+use crate::gpu::{GpuContext, KernelSource};
 use crate::quant::QuantType;
 use crate::{Error, Result};
 
@@ -42,16 +49,38 @@ pub struct QuantMatrix {
     chunks: Vec<WeightChunk>,
 }
 
-/// Consecutive rows of a [`QuantMatrix`] in one buffer.
+/// Width in texels of the textures that hold weights: 64 KiB a texture row, a multiple of the
+/// 256 bytes a buffer-to-texture copy needs per row.
+pub(crate) const TEXTURE_WIDTH: u32 = 4096;
+
+/// Consecutive rows of a [`QuantMatrix`] in one buffer or texture.
 pub(crate) struct WeightChunk {
     /// The rows, `row_words` words each.
-    pub buffer: wgpu::Buffer,
+    pub storage: ChunkStorage,
     /// Index in the whole matrix of the chunk's first row.
     pub first_row: usize,
     /// Number of rows in the chunk.
     pub rows: usize,
     /// The buffer's bytes, counted against the device's memory budget.
     _memory: Reservation,
+}
+
+/// Where a chunk's words are.
+pub(crate) enum ChunkStorage {
+    /// A read-only storage buffer of the words.
+    Buffer(wgpu::Buffer),
+    /// A view of an `rgba32uint` texture [`TEXTURE_WIDTH`] texels wide, four words a texel.
+    Texture(wgpu::TextureView),
+}
+
+impl WeightChunk {
+    /// The chunk bound as `@binding(0)` of a kernel that reads weights.
+    pub fn binding(&self) -> wgpu::BindingResource<'_> {
+        match &self.storage {
+            ChunkStorage::Buffer(buffer) => buffer.as_entire_binding(),
+            ChunkStorage::Texture(view) => wgpu::BindingResource::TextureView(view),
+        }
+    }
 }
 
 /// Bytes `at .. at + len` of a GGUF block.
@@ -123,11 +152,27 @@ fn shape_error(reason: String) -> Error {
 const DECODE_WEIGHTS: usize = 8;
 
 impl QuantMatrix {
+    /// A kernel that reads `quant` weights: `family` (the kernel's own files) after the WGSL
+    /// parts that give it `decode8()` and `load32()` for the type in this module's layout, with
+    /// `TEXTURE_WEIGHTS` defined for chunks in `textures` ([`QuantMatrix::in_textures`]).
+    pub(crate) fn kernel_source(
+        quant: QuantType,
+        textures: bool,
+        entry: &'static str,
+        family: &[&'static str],
+    ) -> KernelSource {
+        let mut parts = Self::decoder_parts(quant);
+        parts.extend_from_slice(family);
+        KernelSource::new(entry, &parts)
+            .define("TEXTURE_WEIGHTS", textures)
+            .define("TEXTURE_WIDTH", format!("{TEXTURE_WIDTH}u"))
+    }
+
     /// The WGSL parts that give a kernel `decode8()` and `load32()` for `quant` weights in this
     /// module's layout: the shared interface, then the type's decoder (with the K-quant scale
     /// helpers before the Q4_K and Q5_K decoders, and block32.wgsl after the decoders without a
     /// load32 of their own). A kernel appends its own family file after them.
-    pub(crate) fn decoder_parts(quant: QuantType) -> Vec<&'static str> {
+    fn decoder_parts(quant: QuantType) -> Vec<&'static str> {
         const COMMON: &str = include_str!("../../../../shaders/quant/common.wgsl");
         const K_SCALES: &str = include_str!("../../../../shaders/quant/k_scales.wgsl");
         let decoder = match quant {
@@ -253,7 +298,14 @@ impl QuantMatrix {
         }
         let blocks = cols / quant.block_elements();
         let row_words = gpu_row_words(quant, blocks);
-        let chunk_limit = max_chunk_bytes.min(ctx.max_binding_bytes());
+        let textures = ctx.features().weight_textures;
+        let device_limit = if textures {
+            let texture_rows = u64::from(ctx.limits().max_texture_dimension_2d);
+            (u64::from(TEXTURE_WIDTH) * 16 * texture_rows).min(ctx.limits().max_buffer_size)
+        } else {
+            ctx.max_binding_bytes()
+        };
+        let chunk_limit = max_chunk_bytes.min(device_limit);
         let rows_per_chunk = (chunk_limit / (row_words as u64 * 4)).min(u32::MAX as u64) as usize;
         if rows_per_chunk == 0 {
             return Err(Error::TooLarge {
@@ -274,9 +326,17 @@ impl QuantMatrix {
         for first_row in (0..rows).step_by(rows_per_chunk) {
             let chunk_rows = first_row..first_row + rows_per_chunk.min(rows - first_row);
             let label = format!("{} rows {}..{}", matrix.name, chunk_rows.start, chunk_rows.end);
-            let memory = ctx.memory.reserve(&label, (chunk_rows.len() * matrix.row_words * 4) as u64)?;
+            let words = chunk_rows.len() * matrix.row_words;
+            let bytes = if textures {
+                texture_size(words).height as usize * TEXTURE_WIDTH as usize * 16
+            } else {
+                words * 4
+            };
+            let memory = ctx.memory.reserve(&label, bytes as u64)?;
             let buffer = matrix.upload_chunk(ctx, chunk_rows.clone(), parts, row_bytes)?;
-            matrix.chunks.push(WeightChunk { buffer, first_row, rows: chunk_rows.len(), _memory: memory });
+            let storage =
+                if textures { copy_to_texture(ctx, &label, &buffer)? } else { ChunkStorage::Buffer(buffer) };
+            matrix.chunks.push(WeightChunk { storage, first_row, rows: chunk_rows.len(), _memory: memory });
         }
         Ok(matrix)
     }
@@ -375,6 +435,67 @@ impl QuantMatrix {
     pub(crate) fn chunks(&self) -> &[WeightChunk] {
         &self.chunks
     }
+
+    /// The chunks are textures ([`GpuFeatures::weight_textures`]), not storage buffers.
+    ///
+    /// [`GpuFeatures::weight_textures`]: crate::gpu::GpuFeatures::weight_textures
+    pub(crate) fn in_textures(&self) -> bool {
+        matches!(self.chunks.first().map(|c| &c.storage), Some(ChunkStorage::Texture(..)))
+    }
+}
+
+/// The texture that holds `words` words, four a texel, [`TEXTURE_WIDTH`] texels a row.
+fn texture_size(words: usize) -> wgpu::Extent3d {
+    let texels = words.div_ceil(4) as u32;
+    wgpu::Extent3d { width: TEXTURE_WIDTH, height: texels.div_ceil(TEXTURE_WIDTH), depth_or_array_layers: 1 }
+}
+
+/// A texture holding the words of `buffer` (see the module comment), filled by a copy on the
+/// GPU; the buffer can be dropped once the copy is submitted.
+fn copy_to_texture(ctx: &GpuContext, label: &str, buffer: &wgpu::Buffer) -> Result<ChunkStorage> {
+    let size = texture_size((buffer.size() / 4) as usize);
+    let texture = ctx.device().create_texture(&wgpu::TextureDescriptor {
+        label: Some(label),
+        size,
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba32Uint,
+        usage: wgpu::TextureUsages::STORAGE_BINDING
+            | wgpu::TextureUsages::COPY_DST
+            | wgpu::TextureUsages::COPY_SRC,
+        view_formats: &[],
+    });
+    let row_bytes = u64::from(TEXTURE_WIDTH) * 16;
+    let full_rows = (buffer.size() / row_bytes) as u32;
+    let last_texels = ((buffer.size() % row_bytes) / 16) as u32;
+    let mut encoder = ctx.encoder("flint weight texture");
+    // Whole texture rows, then the texels of the last, partial row.
+    for (first_row, rows, width) in [(0, full_rows, TEXTURE_WIDTH), (full_rows, 1, last_texels)] {
+        if rows == 0 || width == 0 {
+            continue;
+        }
+        encoder.copy_buffer_to_texture(
+            wgpu::TexelCopyBufferInfo {
+                buffer,
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset: u64::from(first_row) * row_bytes,
+                    bytes_per_row: Some(TEXTURE_WIDTH * 16),
+                    rows_per_image: None,
+                },
+            },
+            wgpu::TexelCopyTextureInfo {
+                texture: &texture,
+                mip_level: 0,
+                origin: wgpu::Origin3d { x: 0, y: first_row, z: 0 },
+                aspect: wgpu::TextureAspect::All,
+            },
+            wgpu::Extent3d { width, height: rows, depth_or_array_layers: 1 },
+        );
+    }
+    ctx.submit(encoder).map_err(|e| Error::Gpu(format!("copying '{label}' into a texture: {e}")))?;
+    let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+    Ok(ChunkStorage::Texture(view))
 }
 
 /// Writes one GGUF row into `out` in its GPU layout: the `body` bytes of each block back to
@@ -404,14 +525,42 @@ fn repack_row(quant: QuantType, fields: &[Field], body: &[Range<usize>], src: &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testing::{Rng, gpu};
+    use crate::kernels::testing::{Rng, both_paths, gpu};
     use crate::quant::random_rows;
 
     /// The chunks read back and concatenated.
     fn read_back(ctx: &GpuContext, matrix: &QuantMatrix) -> Vec<u8> {
         let mut bytes = Vec::new();
         for chunk in matrix.chunks() {
-            bytes.extend(pollster::block_on(ctx.read_bytes(&chunk.buffer, 0, chunk.buffer.size())).unwrap());
+            let len = (chunk.rows * matrix.row_words() * 4) as u64;
+            let words = match &chunk.storage {
+                ChunkStorage::Buffer(buffer) => pollster::block_on(ctx.read_bytes(buffer, 0, len)),
+                ChunkStorage::Texture(view) => {
+                    let texture = view.texture();
+                    let copy = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("texture words"),
+                        size: u64::from(texture.height() * TEXTURE_WIDTH * 16),
+                        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                        mapped_at_creation: false,
+                    });
+                    let mut encoder = ctx.encoder("texture words");
+                    encoder.copy_texture_to_buffer(
+                        texture.as_image_copy(),
+                        wgpu::TexelCopyBufferInfo {
+                            buffer: &copy,
+                            layout: wgpu::TexelCopyBufferLayout {
+                                offset: 0,
+                                bytes_per_row: Some(TEXTURE_WIDTH * 16),
+                                rows_per_image: None,
+                            },
+                        },
+                        texture.size(),
+                    );
+                    ctx.submit(encoder).unwrap();
+                    pollster::block_on(ctx.read_bytes(&copy, 0, len))
+                }
+            };
+            bytes.extend(words.unwrap());
         }
         bytes
     }
@@ -461,22 +610,33 @@ mod tests {
 
     #[test]
     fn unaligned_types_are_repacked_scales_last() {
-        let ctx = gpu();
         let mut rng = Rng::new("repack");
-        // Q8_0: bodies of 32 bytes, then 3 scales in 2 words, padded to 28 words.
-        assert_repacked(ctx, &mut rng, QuantType::Q8_0, 28, 2..34, &[("scale", 0..2, 96)]);
-        // Q4_1: nibbles of 16 bytes, then 3 (d, m) pairs of 4 bytes, padded to 16 words.
-        assert_repacked(ctx, &mut rng, QuantType::Q4_1, 16, 4..20, &[("head", 0..4, 48)]);
-        // Q5_0: low nibbles of 16 bytes, then 3 qh words, then 3 scales in 2 words, padded to 20
-        // words.
-        assert_repacked(ctx, &mut rng, QuantType::Q5_0, 20, 6..22, &[("qh", 2..6, 48), ("scale", 0..2, 60)]);
+        for (_, ctx) in both_paths() {
+            // Q8_0: bodies of 32 bytes, then 3 scales in 2 words, padded to 28 words.
+            assert_repacked(ctx, &mut rng, QuantType::Q8_0, 28, 2..34, &[("scale", 0..2, 96)]);
+            // Q4_1: nibbles of 16 bytes, then 3 (d, m) pairs of 4 bytes, padded to 16 words.
+            assert_repacked(ctx, &mut rng, QuantType::Q4_1, 16, 4..20, &[("head", 0..4, 48)]);
+            // Q5_0: low nibbles of 16 bytes, then 3 qh words, then 3 scales in 2 words, padded
+            // to 20 words.
+            let arrays = [("qh", 2..6, 48), ("scale", 0..2, 60)];
+            assert_repacked(ctx, &mut rng, QuantType::Q5_0, 20, 6..22, &arrays);
+        }
     }
 
     #[test]
     fn aligned_types_are_unchanged_and_split_by_rows() {
-        let ctx = gpu();
         let mut rng = Rng::new("split");
-        let src = random_rows(QuantType::Q4K, 7, 512, &mut rng);
+        for (_, ctx) in both_paths() {
+            aligned_and_split(ctx, &mut rng);
+        }
+    }
+
+    fn aligned_and_split(ctx: &GpuContext, rng: &mut Rng) {
+        // 300 rows of 288 bytes fill more than one 64 KiB texture row, the last one partly.
+        let src = random_rows(QuantType::Q4K, 300, 512, rng);
+        let matrix = QuantMatrix::upload(ctx, "q4k", QuantType::Q4K, 300, 512, &src).unwrap();
+        assert_eq!(read_back(ctx, &matrix), src);
+        let src = random_rows(QuantType::Q4K, 7, 512, rng);
         // 288 bytes a row: 3 rows a chunk gives chunks of 3, 3 and 1 rows.
         let matrix =
             QuantMatrix::upload_in_chunks(ctx, "q4k", QuantType::Q4K, 7, 512, &src, 3 * 288 + 100).unwrap();
@@ -485,7 +645,7 @@ mod tests {
         assert_eq!(read_back(ctx, &matrix), src);
         // Q5_1 rows of 2 blocks are 12 words, already a multiple of 4; of 1 block, 6 words, padded
         // to 8.
-        let src = random_rows(QuantType::Q5_1, 3, 32, &mut rng);
+        let src = random_rows(QuantType::Q5_1, 3, 32, rng);
         let matrix = QuantMatrix::upload(ctx, "q5_1", QuantType::Q5_1, 3, 32, &src).unwrap();
         assert_eq!(matrix.row_words(), 8);
         let got = read_back(ctx, &matrix);

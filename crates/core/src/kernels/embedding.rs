@@ -22,10 +22,9 @@ struct Params {
     zero_missing: u32,
 }
 
-fn source(quant: QuantType) -> KernelSource {
-    let mut parts = QuantMatrix::decoder_parts(quant);
-    parts.push(SOURCE);
-    KernelSource::new("embedding", &parts).define("WG_SIZE", format!("{WG_SIZE}u"))
+fn source(quant: QuantType, textures: bool) -> KernelSource {
+    QuantMatrix::kernel_source(quant, textures, "embedding", &[SOURCE])
+        .define("WG_SIZE", format!("{WG_SIZE}u"))
 }
 
 /// Records `out[i, :] = table[ids[i], :]` for the `[count]` u32 `ids` into `out` `[count, cols]`.
@@ -49,7 +48,7 @@ pub fn embedding(
             out.shape()
         )
     })?;
-    let source = source(table.quant());
+    let source = source(table.quant(), table.in_textures());
     let groups = ctx.grid(((count * cols / 8) as u32).div_ceil(WG_SIZE));
     for (i, chunk) in table.chunks().iter().enumerate() {
         let params = ctx.uniform(&Params {
@@ -65,7 +64,7 @@ pub fn embedding(
         ctx.dispatch(
             encoder,
             &source,
-            &[chunk.buffer.as_entire_binding(), ids.binding(), out.binding(), params.as_entire_binding()],
+            &[chunk.binding(), ids.binding(), out.binding(), params.as_entire_binding()],
             groups,
         )?;
     }
@@ -75,11 +74,12 @@ pub fn embedding(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testing::{POISON, Rng, assert_close, gpu, validate_wgsl};
+    use crate::kernels::testing::{POISON, Rng, assert_close, both_paths, gpu, validate_wgsl};
     use crate::quant::{dequantize_row, random_rows};
 
     /// Gathers `ids` (some out of range) from a random table split into chunks of at most
-    /// `max_chunk_bytes`, and compares with `dequantize_row`. The decoders use the CPU's f32
+    /// `max_chunk_bytes`, and compares with `dequantize_row`, on both test devices (on a CPU
+    /// adapter: the table in textures, then in buffers). The decoders use the CPU's f32
     /// operations, so only fused multiply-adds can differ: a 1e-6 relative bound.
     fn check(
         quant: QuantType,
@@ -89,10 +89,24 @@ mod tests {
         max_chunk_bytes: u64,
         rng: &mut Rng,
     ) -> usize {
-        let ctx = gpu();
         let bytes = random_rows(quant, rows, cols, rng);
+        let chunks =
+            both_paths().map(|(_, ctx)| check_on(ctx, quant, rows, cols, &bytes, ids, max_chunk_bytes));
+        assert_eq!(chunks[0], chunks[1], "both devices split the table alike");
+        chunks[0]
+    }
+
+    fn check_on(
+        ctx: &GpuContext,
+        quant: QuantType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        ids: &[u32],
+        max_chunk_bytes: u64,
+    ) -> usize {
         let table =
-            QuantMatrix::upload_in_chunks(ctx, "table", quant, rows, cols, &bytes, max_chunk_bytes).unwrap();
+            QuantMatrix::upload_in_chunks(ctx, "table", quant, rows, cols, bytes, max_chunk_bytes).unwrap();
         let ids_gpu = Tensor::from_slice(ctx, "ids", &[ids.len()], ids).unwrap();
         let out = Tensor::empty(ctx, "out", &[ids.len(), cols]).unwrap();
         out.fill_bits(ctx, POISON);
@@ -109,9 +123,10 @@ mod tests {
             }
         }
         let what = format!(
-            "{quant} {rows}x{cols}, {} ids, {} chunks (element i is id i / {cols})",
+            "{quant} {rows}x{cols}, {} ids, {} chunks in {} (element i is id i / {cols})",
             ids.len(),
-            table.chunk_count()
+            table.chunk_count(),
+            if table.in_textures() { "textures" } else { "buffers" }
         );
         assert_close(&what, &got, &expected, 1e-6);
         table.chunk_count()
@@ -173,7 +188,8 @@ mod tests {
     #[test]
     fn every_type_validates() {
         for quant in QuantType::ALL {
-            validate_wgsl(&source(quant));
+            validate_wgsl(&source(quant, false));
+            validate_wgsl(&source(quant, true));
         }
     }
 }

@@ -162,17 +162,13 @@ impl Variant {
         self.wg_size / self.threads_per_row * self.row_tile
     }
 
-    fn source(self, quant: QuantType, input: Input, outputs: Outputs) -> KernelSource {
-        let mut parts = QuantMatrix::decoder_parts(quant);
+    fn source(self, quant: QuantType, textures: bool, input: Input, outputs: Outputs) -> KernelSource {
         let gate = match input {
             Input::Plain(_) => None,
             Input::Gated(gated) => Some(gated.activation),
         };
-        if gate.is_some() {
-            parts.push(ACTIVATION_SOURCE);
-        }
-        parts.push(SOURCE);
-        KernelSource::new("matmul", &parts)
+        let family: &[&'static str] = if gate.is_some() { &[ACTIVATION_SOURCE, SOURCE] } else { &[SOURCE] };
+        QuantMatrix::kernel_source(quant, textures, "matmul", family)
             .define("GATED", gate.is_some())
             .define("GATE_SILU", gate == Some(GatedActivation::Silu))
             .define("GATE_GELU", gate == Some(GatedActivation::GeluTanh))
@@ -370,7 +366,7 @@ fn record(
             "batch {batch} needs {batch_tiles} workgroups in z, more than the device's {max_groups}: split it"
         )
     })?;
-    let source = variant.source(weight.quant(), input, outputs);
+    let source = variant.source(weight.quant(), weight.in_textures(), input, outputs);
     let tensors = outputs.tensors();
     let (second_row, third_row) = match weight.part_rows() {
         [a, b, ..] if tensors.len() > 1 => (*a, a + b),
@@ -390,12 +386,8 @@ fn record(
             _pad: [0; 2],
         });
         let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
-        let mut bindings = vec![
-            chunk.buffer.as_entire_binding(),
-            input.x().binding(),
-            tensors[0].binding(),
-            params.as_entire_binding(),
-        ];
+        let mut bindings =
+            vec![chunk.binding(), input.x().binding(), tensors[0].binding(), params.as_entire_binding()];
         // Bindings 4 and 5: the split outputs, or the up projection of a gated input.
         bindings.extend(tensors[1..].iter().map(|y| y.binding()));
         if let Input::Gated(gated) = input {
@@ -821,14 +813,14 @@ mod tests {
                     x_broadcast: false,
                 });
             }
-            for variant in variants {
+            for (variant, textures) in variants.into_iter().flat_map(|v| [(v, false), (v, true)]) {
                 let plain = Input::Plain(&y);
-                validate_wgsl(&variant.source(quant, plain, Outputs::One(&y)));
-                validate_wgsl(&variant.source(quant, plain, Outputs::Split(&y, &y, None)));
-                validate_wgsl(&variant.source(quant, plain, Outputs::Split(&y, &y, Some(&y))));
+                validate_wgsl(&variant.source(quant, textures, plain, Outputs::One(&y)));
+                validate_wgsl(&variant.source(quant, textures, plain, Outputs::Split(&y, &y, None)));
+                validate_wgsl(&variant.source(quant, textures, plain, Outputs::Split(&y, &y, Some(&y))));
                 for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
                     let gated = Input::Gated(GatedInput { activation, gate: &y, up: &y });
-                    validate_wgsl(&variant.source(quant, gated, Outputs::AddTo(&y)));
+                    validate_wgsl(&variant.source(quant, textures, gated, Outputs::AddTo(&y)));
                 }
             }
         }
