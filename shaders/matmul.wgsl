@@ -21,6 +21,11 @@
 //   x_up its up projection, and the product's activations are activation(gate) * up, computed
 //   as they are loaded (composed after activation.wgsl): the pass over memory that a separate
 //   gated-activation kernel makes is saved.
+// Normalised input (NORMED, with NORM_ONE_PLUS for the 1 + w convention): the activations are
+//   x RMS-normalised row by row with norm_weight, as an RMSNorm kernel before the product would
+//   give them: each invocation scales x by the weight as it loads it, adds the squares of x to
+//   a sum per batch row (kept beside the tile's sums and reduced with them), and multiplies the
+//   products by 1 / sqrt(sum / cols + eps) at the end, which saves the norm's pass and dispatch.
 // Outputs: y[b, r] for out_rows rows; or, with SPLIT (weights stacked from several matrices),
 //   rows below second_row go to y, rows from second_row to third_row to y1 and, with THIRD,
 //   the rest to y2, each [batch, its own rows]. ADD_TO_OUTPUT adds the products to what y
@@ -40,7 +45,7 @@ struct Params {
     out_rows: u32,
     second_row: u32,
     third_row: u32,
-    _pad0: u32,
+    eps: f32,
     _pad1: u32,
 }
 
@@ -65,9 +70,28 @@ var<private> p: Params;
 #if THIRD
 @group(0) @binding(5) var<storage, read_write> y2: array<f32>;
 #endif
+// The weight of the RMSNorm of a normalised input, after the outputs.
+#if NORMED
+#if THIRD
+@group(0) @binding(6) var<storage, read> norm_weight: array<vec4<f32>>;
+#else
+#if SPLIT
+@group(0) @binding(5) var<storage, read> norm_weight: array<vec4<f32>>;
+#else
+@group(0) @binding(4) var<storage, read> norm_weight: array<vec4<f32>>;
+#endif
+#endif
+const_assert !GATED;
+// Accumulators past the tile's sums: each batch row's sum of squares.
+const NORM_SLOTS: u32 = BATCH_TILE;
+#else
+const NORM_SLOTS: u32 = 0u;
+#endif
 
 const ROWS_PER_WG: u32 = WG_SIZE / THREADS_PER_ROW * ROW_TILE;
 const TILE: u32 = ROW_TILE * BATCH_TILE;
+// The sums an invocation keeps: the tile's, then NORM_SLOTS more.
+const SUMS: u32 = TILE + NORM_SLOTS;
 #if X_BROADCAST
 const_assert THREADS_PER_ROW == 1u;
 #endif
@@ -89,6 +113,19 @@ fn load_x(i: u32) -> vec4<f32> {
 }
 
 // Activation c of the four at index i.
+// Four weights of the norm from index i (as vec4s), as the convention applies them.
+fn norm_scale4(i: u32) -> vec4<f32> {
+#if NORM_ONE_PLUS
+    return 1.0 + norm_weight[i];
+#else
+#if NORMED
+    return norm_weight[i];
+#else
+    return vec4<f32>(1.0);
+#endif
+#endif
+}
+
 fn load_x_element(i: u32, c: u32) -> f32 {
 #if GATED
     return activate(x[i][c]) * x_up[i][c];
@@ -126,25 +163,42 @@ fn store(b: u32, row: u32, sum: f32) {
 }
 
 #if SHARED_REDUCE
-var<workgroup> partial: array<f32, WG_SIZE * TILE>;
+var<workgroup> partial: array<f32, WG_SIZE * SUMS>;
 #endif
 
 // Adds weights 8g .. 8g + 8 of the tile's rows (`w`) times the same activations of each of the
-// tile's batch rows from b0 to the tile's sums.
+// tile's batch rows from b0 to the tile's sums. NORMED: the activations are scaled by the norm's
+// weight, and their squares added to the batch row's sum of squares (the 1/rms factor comes at
+// the end).
 fn accumulate(
-    acc: ptr<function, array<f32, TILE>>,
+    acc: ptr<function, array<f32, SUMS>>,
     w: ptr<function, array<Weights8, ROW_TILE>>,
     g: u32,
     b0: u32,
     subgroup_lane: u32,
 ) {
     let x_row_vec4s = p.cols / 4u;
+#if X_BROADCAST
+    let j = subgroup_lane % 8u;
+#if NORMED
+    let scale_mine = norm_scale4(2u * g + j / 4u)[j % 4u];
+#endif
+#else
+    let scale_lo = norm_scale4(2u * g);
+    let scale_hi = norm_scale4(2u * g + 1u);
+#endif
     for (var t = 0u; t < BATCH_TILE; t++) {
         let xi = min(b0 + t, p.batch - 1u) * x_row_vec4s + 2u * g;
 #if X_BROADCAST
         // Lanes past 8 (larger subgroups) load again what lane % 8 loads.
-        let j = subgroup_lane % 8u;
+#if NORMED
+        let raw = load_x_element(xi + j / 4u, j % 4u);
+        // Each of the 8 elements once, whatever the subgroup size.
+        (*acc)[TILE + t] += subgroupAdd(select(0.0, raw * raw, subgroup_lane < 8u));
+        let mine = raw * scale_mine;
+#else
         let mine = load_x_element(xi + j / 4u, j % 4u);
+#endif
         let x_lo = vec4<f32>(
             subgroupBroadcast(mine, 0u),
             subgroupBroadcast(mine, 1u),
@@ -158,8 +212,13 @@ fn accumulate(
             subgroupBroadcast(mine, 7u),
         );
 #else
-        let x_lo = load_x(xi);
-        let x_hi = load_x(xi + 1u);
+        let raw_lo = load_x(xi);
+        let raw_hi = load_x(xi + 1u);
+#if NORMED
+        (*acc)[TILE + t] += dot(raw_lo, raw_lo) + dot(raw_hi, raw_hi);
+#endif
+        let x_lo = raw_lo * scale_lo;
+        let x_hi = raw_hi * scale_hi;
 #endif
         for (var i = 0u; i < ROW_TILE; i++) {
             (*acc)[t * ROW_TILE + i] += dot((*w)[i].lo, x_lo) + dot((*w)[i].hi, x_hi);
@@ -190,7 +249,7 @@ fn matmul(
     let lane_in_subgroup = 0u;
 #endif
 
-    var acc: array<f32, TILE>;
+    var acc: array<f32, SUMS>;
 #if WIDE
     // Whole blocks of 32 weights: each word of a block is read once (see quant/common.wgsl).
     let groups32 = p.cols / 32u;
@@ -221,35 +280,40 @@ fn matmul(
     }
 
 #if SUBGROUP_REDUCE
-    for (var a = 0u; a < TILE; a++) {
+    for (var a = 0u; a < SUMS; a++) {
         for (var mask = THREADS_PER_ROW / 2u; mask > 0u; mask /= 2u) {
             acc[a] += subgroupShuffleXor(acc[a], mask);
         }
     }
 #endif
 #if SHARED_REDUCE
-    for (var a = 0u; a < TILE; a++) {
+    for (var a = 0u; a < SUMS; a++) {
         partial[a * WG_SIZE + lane] = acc[a];
     }
     workgroupBarrier();
     for (var stride = THREADS_PER_ROW / 2u; stride > 0u; stride /= 2u) {
         if part < stride {
-            for (var a = 0u; a < TILE; a++) {
+            for (var a = 0u; a < SUMS; a++) {
                 partial[a * WG_SIZE + lane] += partial[a * WG_SIZE + lane + stride];
             }
         }
         workgroupBarrier();
     }
-    for (var a = 0u; a < TILE; a++) {
+    for (var a = 0u; a < SUMS; a++) {
         acc[a] = partial[a * WG_SIZE + lane];
     }
 #endif
 
     if part == 0u {
         for (var t = 0u; t < BATCH_TILE; t++) {
+#if NORMED
+            let inv_rms = inverseSqrt(acc[TILE + t] / f32(p.cols) + p.eps);
+#else
+            let inv_rms = 1.0;
+#endif
             for (var i = 0u; i < ROW_TILE; i++) {
                 if b0 + t < p.batch && r0 + i < p.rows {
-                    store(b0 + t, p.first_row + r0 + i, acc[t * ROW_TILE + i]);
+                    store(b0 + t, p.first_row + r0 + i, acc[t * ROW_TILE + i] * inv_rms);
                 }
             }
         }

@@ -6,6 +6,7 @@ use crate::Result;
 use crate::gpu::{GpuContext, KernelSource, QuantMatrix, Tensor};
 use crate::kernels::elementwise::{ACTIVATION_SOURCE, GatedActivation};
 use crate::kernels::ensure;
+use crate::kernels::norm::{NormWeight, RmsNorm};
 use crate::quant::QuantType;
 
 const SOURCE: &str = include_str!("../../../../shaders/matmul.wgsl");
@@ -24,7 +25,9 @@ struct Params {
     out_rows: u32,
     second_row: u32,
     third_row: u32,
-    _pad: [u32; 2],
+    /// The RMSNorm's epsilon of a normalised input.
+    eps: f32,
+    _pad: u32,
 }
 
 /// How the partial sums of one row's invocations are added.
@@ -163,12 +166,15 @@ impl Variant {
     }
 
     fn source(self, quant: QuantType, textures: bool, input: Input, outputs: Outputs) -> KernelSource {
-        let gate = match input {
-            Input::Plain(_) => None,
-            Input::Gated(gated) => Some(gated.activation),
+        let (gate, norm) = match input {
+            Input::Plain(_) => (None, None),
+            Input::Gated(gated) => (Some(gated.activation), None),
+            Input::Normed(_, norm) => (None, Some(norm.convention)),
         };
         let family: &[&'static str] = if gate.is_some() { &[ACTIVATION_SOURCE, SOURCE] } else { &[SOURCE] };
         QuantMatrix::kernel_source(quant, textures, "matmul", family)
+            .define("NORMED", norm.is_some())
+            .define("NORM_ONE_PLUS", norm == Some(NormWeight::OnePlus))
             .define("GATED", gate.is_some())
             .define("GATE_SILU", gate == Some(GatedActivation::Silu))
             .define("GATE_GELU", gate == Some(GatedActivation::GeluTanh))
@@ -203,13 +209,15 @@ pub struct GatedInput<'a> {
 enum Input<'a> {
     Plain(&'a Tensor),
     Gated(GatedInput<'a>),
+    /// `x` RMS-normalised by `norm`, row by row, as the kernel loads it.
+    Normed(&'a Tensor, RmsNorm<'a>),
 }
 
 impl<'a> Input<'a> {
     /// The tensor whose shape is the activations', bound as `x`.
     fn x(self) -> &'a Tensor {
         match self {
-            Input::Plain(x) => x,
+            Input::Plain(x) | Input::Normed(x, _) => x,
             Input::Gated(gated) => gated.gate,
         }
     }
@@ -294,17 +302,43 @@ pub fn matmul_split(
     x: &Tensor,
     outputs: &[&Tensor],
 ) -> Result<()> {
-    let outputs = match *outputs {
-        [a, b] => Outputs::Split(a, b, None),
-        [a, b, c] => Outputs::Split(a, b, Some(c)),
-        _ => {
-            return Err(crate::Error::KernelArguments {
-                kernel: "matmul",
-                reason: format!("a split product has 2 or 3 outputs, not {}", outputs.len()),
-            });
-        }
-    };
-    run(ctx, encoder, weight, Input::Plain(x), outputs, None)
+    run(ctx, encoder, weight, Input::Plain(x), split_outputs(outputs)?, None)
+}
+
+fn split_outputs<'a>(outputs: &[&'a Tensor]) -> Result<Outputs<'a>> {
+    match *outputs {
+        [a, b] => Ok(Outputs::Split(a, b, None)),
+        [a, b, c] => Ok(Outputs::Split(a, b, Some(c))),
+        _ => Err(crate::Error::KernelArguments {
+            kernel: "matmul",
+            reason: format!("a split product has 2 or 3 outputs, not {}", outputs.len()),
+        }),
+    }
+}
+
+/// [`matmul`] of `x` normalised by `norm` (an RMSNorm over each row of x), normalised as the
+/// kernel loads it: the norm's pass over memory and its dispatch are saved.
+pub fn matmul_normed(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    weight: &QuantMatrix,
+    norm: &RmsNorm<'_>,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<()> {
+    run(ctx, encoder, weight, Input::Normed(x, *norm), Outputs::One(y), None)
+}
+
+/// [`matmul_split`] of `x` normalised by `norm`, as [`matmul_normed`] does.
+pub fn matmul_split_normed(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    weight: &QuantMatrix,
+    norm: &RmsNorm<'_>,
+    x: &Tensor,
+    outputs: &[&Tensor],
+) -> Result<()> {
+    run(ctx, encoder, weight, Input::Normed(x, *norm), split_outputs(outputs)?, None)
 }
 
 /// Checks the arguments and records the product through `variant`, or the device's choice.
@@ -328,6 +362,15 @@ fn batch_rows(weight: &QuantMatrix, input: Input, outputs: Outputs) -> Result<us
     if let Input::Gated(gated) = input {
         ensure("matmul", gated.up.shape() == gated.gate.shape(), || {
             format!("gate {:?} and up {:?} must have the same shape", gated.gate.shape(), gated.up.shape())
+        })?;
+    }
+    if let Input::Normed(_, norm) = input {
+        ensure("matmul", norm.weight.shape() == [cols], || {
+            format!(
+                "the norm's weight is {:?}, but weight '{}' has {cols} columns",
+                norm.weight.shape(),
+                weight.name()
+            )
         })?;
     }
     let batch = x.len() / cols;
@@ -383,15 +426,22 @@ fn record(
             out_rows: weight.rows() as u32,
             second_row: second_row as u32,
             third_row: third_row as u32,
-            _pad: [0; 2],
+            eps: match input {
+                Input::Normed(_, norm) => norm.eps,
+                _ => 0.0,
+            },
+            _pad: 0,
         });
         let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
         let mut bindings =
             vec![chunk.binding(), input.x().binding(), tensors[0].binding(), params.as_entire_binding()];
-        // Bindings 4 and 5: the split outputs, or the up projection of a gated input.
+        // From binding 4 on: the split outputs, then the up projection of a gated input or the
+        // norm's weight.
         bindings.extend(tensors[1..].iter().map(|y| y.binding()));
-        if let Input::Gated(gated) = input {
-            bindings.push(gated.up.binding());
+        match input {
+            Input::Gated(gated) => bindings.push(gated.up.binding()),
+            Input::Normed(_, norm) => bindings.push(norm.weight.binding()),
+            Input::Plain(_) => {}
         }
         ctx.dispatch(encoder, &source, &bindings, [gx, gy, batch_tiles as u32])?;
     }
@@ -605,6 +655,115 @@ mod tests {
         matmul_q4_k: QuantType::Q4K,
         matmul_q5_k: QuantType::Q5K,
         matmul_q6_k: QuantType::Q6K,
+    }
+
+    /// Products of RMS-normalised activations, against the norm then the product in f64: both
+    /// conventions, one output and split outputs, the devices' own variants and the forced ones
+    /// (whose sums of squares are reduced across invocations like the products).
+    #[test]
+    fn normed_input_matches_reference() {
+        let mut rng = Rng::new("matmul normed");
+        let quant = QuantType::Q4_1;
+        let cols = test_cols(quant);
+        let eps = 1e-5f32;
+        let mut cases: Vec<(&str, &GpuContext, Option<Variant>)> =
+            both_paths().into_iter().map(|(path, ctx)| (path, ctx, None)).collect();
+        let ctx = gpu();
+        for variant in FORCED {
+            if !((variant.reduce == Reduce::Subgroup || variant.x_broadcast) && !ctx.features().subgroups) {
+                cases.push(("forced", ctx, Some(variant)));
+            }
+        }
+        for (path, ctx, variant) in cases {
+            for (convention, (rows, batch)) in [(NormWeight::Scale, (67, 1)), (NormWeight::OnePlus, (7, 17))]
+            {
+                let bytes = random_rows(quant, rows, cols, &mut rng);
+                let weight = QuantMatrix::upload_parts(ctx, "w", quant, cols, &[&bytes], u64::MAX).unwrap();
+                // Rows of x at different scales: the norm must take each row's own.
+                let mut x = rng.f32s(batch * cols, -1.0, 1.0);
+                for (b, row) in x.chunks_exact_mut(cols).enumerate() {
+                    row.iter_mut().for_each(|v| *v *= 0.25 + 3.0 * b as f32);
+                }
+                let gamma = rng.f32s(cols, -2.0, 2.0);
+                let normed: Vec<f32> = x
+                    .chunks_exact(cols)
+                    .flat_map(|row| {
+                        let mean_square =
+                            row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / cols as f64;
+                        let inv_rms = 1.0 / (mean_square + f64::from(eps)).sqrt();
+                        row.iter().zip(&gamma).map(move |(&v, &g)| {
+                            let g = if convention == NormWeight::OnePlus {
+                                1.0 + f64::from(g)
+                            } else {
+                                f64::from(g)
+                            };
+                            (f64::from(v) * inv_rms * g) as f32
+                        })
+                    })
+                    .collect();
+                let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+                let gamma_gpu = Tensor::from_slice(ctx, "gamma", &[cols], &gamma).unwrap();
+                let norm = RmsNorm { weight: &gamma_gpu, convention, eps };
+                let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+                y.fill_bits(ctx, POISON);
+                let mut encoder = ctx.encoder("test");
+                run(ctx, &mut encoder, &weight, Input::Normed(&x_gpu, norm), Outputs::One(&y), variant)
+                    .unwrap();
+                ctx.submit(encoder).unwrap();
+                let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                let (expected, magnitude) = reference(quant, rows, cols, &bytes, &normed);
+                let what = format!("{path} normed {convention:?} {rows}x{cols} batch {batch} {variant:?}");
+                assert_dot_close(&what, &got, &expected, &magnitude);
+            }
+            // Split outputs of a stacked weight, through the public function.
+            if variant.is_none() {
+                let parts: Vec<Vec<u8>> =
+                    [5usize, 9, 3].iter().map(|&r| random_rows(quant, r, cols, &mut rng)).collect();
+                let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                let weight = QuantMatrix::upload_parts(ctx, "w", quant, cols, &slices, u64::MAX).unwrap();
+                let x = rng.f32s(2 * cols, -3.0, 3.0);
+                let gamma = rng.f32s(cols, -1.0, 1.0);
+                let x_gpu = Tensor::from_slice(ctx, "x", &[2, cols], &x).unwrap();
+                let gamma_gpu = Tensor::from_slice(ctx, "gamma", &[cols], &gamma).unwrap();
+                let norm = RmsNorm { weight: &gamma_gpu, convention: NormWeight::Scale, eps };
+                let ys: Vec<Tensor> =
+                    [5, 9, 3].iter().map(|&r| Tensor::empty(ctx, "y", &[2, r]).unwrap()).collect();
+                let mut encoder = ctx.encoder("test");
+                matmul_split_normed(
+                    ctx,
+                    &mut encoder,
+                    &weight,
+                    &norm,
+                    &x_gpu,
+                    &ys.iter().collect::<Vec<_>>(),
+                )
+                .unwrap();
+                ctx.submit(encoder).unwrap();
+                let normed: Vec<f32> = x
+                    .chunks_exact(cols)
+                    .flat_map(|row| {
+                        let mean_square =
+                            row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / cols as f64;
+                        let inv_rms = 1.0 / (mean_square + f64::from(eps)).sqrt();
+                        row.iter()
+                            .zip(&gamma)
+                            .map(move |(&v, &g)| (f64::from(v) * inv_rms * f64::from(g)) as f32)
+                    })
+                    .collect();
+                for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
+                    let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                    let (expected, magnitude) =
+                        reference(quant, bytes.len() / quant.row_bytes(cols).unwrap(), cols, bytes, &normed);
+                    assert_dot_close(&format!("{path} normed split part {p}"), &got, &expected, &magnitude);
+                }
+                // A norm weight of the wrong length is refused.
+                let short = Tensor::from_slice(ctx, "gamma", &[cols - 8], &gamma[..cols - 8]).unwrap();
+                let bad = RmsNorm { weight: &short, convention: NormWeight::Scale, eps };
+                let err =
+                    matmul_normed(ctx, &mut ctx.encoder("test"), &weight, &bad, &x_gpu, &ys[0]).unwrap_err();
+                assert!(err.to_string().contains("norm's weight"), "{err}");
+            }
+        }
     }
 
     #[test]
@@ -821,6 +980,12 @@ mod tests {
                 for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
                     let gated = Input::Gated(GatedInput { activation, gate: &y, up: &y });
                     validate_wgsl(&variant.source(quant, textures, gated, Outputs::AddTo(&y)));
+                }
+                for convention in [NormWeight::Scale, NormWeight::OnePlus] {
+                    let normed = Input::Normed(&y, RmsNorm { weight: &y, convention, eps: 1e-6 });
+                    validate_wgsl(&variant.source(quant, textures, normed, Outputs::One(&y)));
+                    validate_wgsl(&variant.source(quant, textures, normed, Outputs::Split(&y, &y, None)));
+                    validate_wgsl(&variant.source(quant, textures, normed, Outputs::Split(&y, &y, Some(&y))));
                 }
             }
         }

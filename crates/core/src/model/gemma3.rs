@@ -155,7 +155,7 @@ impl Gemma3 {
             let attention = if layer.local { &local } else { &global };
 
             // Self-attention of the normalised x, normalised after; then the FFN's input norm.
-            layer.attn_qkv.forward(ctx, encoder, &s.normed, &[&s.q, &s.k, &s.v])?;
+            layer.attn_qkv.forward(ctx, encoder, None, &s.normed, &[&s.q, &s.k, &s.v])?;
             let new = Projections { q: &s.q, k: &s.k, v: &s.v };
             step.attention(ctx, encoder, &layer.heads, &new, &cache.layer(i), attention, &s.attention)?;
             matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
@@ -163,7 +163,7 @@ impl Gemma3 {
             rms_norm_residual(ctx, encoder, &post, &s.projected, &x, Some((&ffn_norm, &s.normed)))?;
 
             // Feed-forward (GeGLU), normalised after; then the next layer's input norm.
-            layer.ffn_gate_up.forward(ctx, encoder, &s.normed, &[&s.gate, &s.up])?;
+            layer.ffn_gate_up.forward(ctx, encoder, None, &s.normed, &[&s.gate, &s.up])?;
             let gated = GatedInput { activation: GatedActivation::GeluTanh, gate: &s.gate, up: &s.up };
             matmul_gated(ctx, encoder, &layer.ffn_down, &gated, &s.projected)?;
             let next_norm = self.layers.get(i + 1).map(|next| self.norm(&next.attn_norm));

@@ -14,11 +14,11 @@
 //! logits = rms_norm(x)·Woutputᵀ       (Woutput = the embedding when the file has none)
 //! ```
 //!
-//! Dispatches a layer (llama, decode): the norm, q/k/v in one stacked product, attention (which
-//! also normalises and rotates the new token's q and k and stores its k and v), the output
-//! projection adding into x, the norm, gate/up in one product, and the down projection reading
-//! silu(gate) * up and adding into x: 7. A prefill step norms, rotates and stores in passes of
-//! their own first.
+//! Dispatches a layer (llama, decode): q/k/v in one stacked product of the normalised x (the
+//! product normalises x as it loads it), attention (which also normalises and rotates the new
+//! token's q and k and stores its k and v), the output projection adding into x, gate/up in one
+//! product of the normalised x, and the down projection reading silu(gate) * up and adding into
+//! x: 5. A prefill step norms, rotates and stores in passes of their own first.
 
 use crate::Result;
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
@@ -26,7 +26,7 @@ use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Proj
 use crate::kernels::elementwise::{GatedActivation, add_bias_in_place};
 use crate::kernels::embedding::embedding;
 use crate::kernels::matmul::{GatedInput, matmul_add, matmul_gated_add};
-use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm};
+use crate::kernels::norm::{NormWeight, RmsNorm};
 use crate::kernels::rope::RopeConfig;
 use crate::kv::KvCache;
 use crate::model::Activations;
@@ -143,8 +143,7 @@ impl Llama {
             AttentionOptions { scale: self.config.attention_scale, sliding_window: None, softcap: None };
         for (i, layer) in self.layers.iter().enumerate() {
             // Self-attention.
-            rms_norm(ctx, encoder, &self.norm(&layer.attn_norm), &x, &s.normed)?;
-            layer.qkv.forward(ctx, encoder, &s.normed, &[&s.q, &s.k, &s.v])?;
+            layer.qkv.forward(ctx, encoder, Some(&self.norm(&layer.attn_norm)), &x, &[&s.q, &s.k, &s.v])?;
             if let Some(biases) = &layer.qkv_bias {
                 for (out, bias) in [&s.q, &s.k, &s.v].into_iter().zip(biases) {
                     add_bias_in_place(ctx, encoder, out, bias)?;
@@ -155,8 +154,13 @@ impl Llama {
             matmul_add(ctx, encoder, &layer.attn_output, &s.attention, &x)?;
 
             // Feed-forward (SwiGLU).
-            rms_norm(ctx, encoder, &self.norm(&layer.ffn_norm), &x, &s.normed)?;
-            layer.ffn_gate_up.forward(ctx, encoder, &s.normed, &[&s.gate, &s.up])?;
+            layer.ffn_gate_up.forward(
+                ctx,
+                encoder,
+                Some(&self.norm(&layer.ffn_norm)),
+                &x,
+                &[&s.gate, &s.up],
+            )?;
             let gated = GatedInput { activation: GatedActivation::Silu, gate: &s.gate, up: &s.up };
             matmul_gated_add(ctx, encoder, &layer.ffn_down, &gated, &x)?;
         }

@@ -2,7 +2,8 @@
 
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::{GpuContext, QuantMatrix, Tensor};
-use crate::kernels::matmul::{matmul, matmul_split};
+use crate::kernels::matmul::{matmul, matmul_normed, matmul_split, matmul_split_normed};
+use crate::kernels::norm::RmsNorm;
 use crate::quant::dequantize_row;
 use crate::{Error, Result};
 
@@ -115,11 +116,13 @@ pub(crate) struct Stacked {
 }
 
 impl Stacked {
-    /// Records every projection of `x`, the i-th into `outputs[i]`.
+    /// Records every projection of `x` (normalised by `norm` as the products load it, if
+    /// given), the i-th into `outputs[i]`.
     pub fn forward(
         &self,
         ctx: &GpuContext,
         encoder: &mut wgpu::CommandEncoder,
+        norm: Option<&RmsNorm<'_>>,
         x: &Tensor,
         outputs: &[&Tensor],
     ) -> Result<()> {
@@ -131,9 +134,11 @@ impl Stacked {
                     reason: format!("{} outputs for stacked projections that need more", outputs.len()),
                 });
             };
-            match these {
-                [y] => matmul(ctx, encoder, matrix, x, y)?,
-                _ => matmul_split(ctx, encoder, matrix, x, these)?,
+            match (these, norm) {
+                ([y], None) => matmul(ctx, encoder, matrix, x, y)?,
+                ([y], Some(norm)) => matmul_normed(ctx, encoder, matrix, norm, x, y)?,
+                (_, None) => matmul_split(ctx, encoder, matrix, x, these)?,
+                (_, Some(norm)) => matmul_split_normed(ctx, encoder, matrix, norm, x, these)?,
             }
             first += count;
         }
