@@ -112,7 +112,6 @@ fn load_x(i: u32) -> vec4<f32> {
 #endif
 }
 
-// Activation c of the four at index i.
 // Four weights of the norm from index i (as vec4s), as the convention applies them.
 fn norm_scale4(i: u32) -> vec4<f32> {
 #if NORM_ONE_PLUS
@@ -126,6 +125,7 @@ fn norm_scale4(i: u32) -> vec4<f32> {
 #endif
 }
 
+// Activation c of the four at index i.
 fn load_x_element(i: u32, c: u32) -> f32 {
 #if GATED
     return activate(x[i][c]) * x_up[i][c];

@@ -452,6 +452,7 @@ fn record(
 mod tests {
     use super::*;
     use crate::gpu::GpuContext;
+    use crate::kernels::norm::tests::reference as norm_reference;
     use crate::kernels::testing::{POISON, Rng, both_paths, gpu, validate_wgsl};
     use crate::quant::{dequantize_row, random_rows};
 
@@ -685,22 +686,7 @@ mod tests {
                     row.iter_mut().for_each(|v| *v *= 0.25 + 3.0 * b as f32);
                 }
                 let gamma = rng.f32s(cols, -2.0, 2.0);
-                let normed: Vec<f32> = x
-                    .chunks_exact(cols)
-                    .flat_map(|row| {
-                        let mean_square =
-                            row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / cols as f64;
-                        let inv_rms = 1.0 / (mean_square + f64::from(eps)).sqrt();
-                        row.iter().zip(&gamma).map(move |(&v, &g)| {
-                            let g = if convention == NormWeight::OnePlus {
-                                1.0 + f64::from(g)
-                            } else {
-                                f64::from(g)
-                            };
-                            (f64::from(v) * inv_rms * g) as f32
-                        })
-                    })
-                    .collect();
+                let normed = norm_reference(&x, &gamma, convention, eps);
                 let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
                 let gamma_gpu = Tensor::from_slice(ctx, "gamma", &[cols], &gamma).unwrap();
                 let norm = RmsNorm { weight: &gamma_gpu, convention, eps };
@@ -739,17 +725,7 @@ mod tests {
                 )
                 .unwrap();
                 ctx.submit(encoder).unwrap();
-                let normed: Vec<f32> = x
-                    .chunks_exact(cols)
-                    .flat_map(|row| {
-                        let mean_square =
-                            row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / cols as f64;
-                        let inv_rms = 1.0 / (mean_square + f64::from(eps)).sqrt();
-                        row.iter()
-                            .zip(&gamma)
-                            .map(move |(&v, &g)| (f64::from(v) * inv_rms * f64::from(g)) as f32)
-                    })
-                    .collect();
+                let normed = norm_reference(&x, &gamma, NormWeight::Scale, eps);
                 for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
                     let got = pollster::block_on(y.to_f32(ctx)).unwrap();
                     let (expected, magnitude) =
