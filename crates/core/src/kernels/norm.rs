@@ -482,7 +482,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// The joint gives bit for bit what the three passes it replaces give.
+    /// The joint gives what the three passes it replaces give, to within a few units in the last
+    /// place: bit for bit on lavapipe, but a GPU's compiler may fuse a multiply and an add into one
+    /// rounding in one kernel and not the other (seen on an NVIDIA H200 through Vulkan).
     #[test]
     fn residual_joint_equals_norm_add_norm() {
         use crate::kernels::elementwise::add_in_place;
@@ -517,8 +519,9 @@ pub(crate) mod tests {
                 eps: 1e-6,
             };
             let fused = run_residual(ctx, &case, reduction_rows_per_workgroup(ctx));
-            assert_eq!(fused.0, read(&x_gpu), "{path}: x");
-            assert_eq!(fused.1, read(&out), "{path}: out");
+            let ulps = 8.0 * f32::EPSILON;
+            assert_close(&format!("{path}: x"), &fused.0, &read(&x_gpu), ulps);
+            assert_close(&format!("{path}: out"), &fused.1, &read(&out), ulps);
         }
     }
 
