@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::gpu::Encoder;
 use crate::gpu::memory::MemoryLedger;
 use crate::gpu::pipeline::PipelineCache;
 use crate::gpu::profile::Profile;
@@ -265,13 +266,14 @@ impl GpuContext {
     }
 
     /// A new command encoder.
-    pub fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
-        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+    pub fn encoder(&self, label: &str) -> Encoder {
+        Encoder::new(self, label)
     }
 
-    /// Submits recorded work, then reports any error wgpu raised while recording it.
-    pub fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
-        self.queue.submit([encoder.finish()]);
+    /// Submits recorded work (its parameters written first), then reports any error wgpu raised
+    /// while recording it.
+    pub fn submit(&self, encoder: Encoder) -> Result<()> {
+        self.queue.submit([encoder.finish(&self.queue)]);
         self.check_errors()
     }
 

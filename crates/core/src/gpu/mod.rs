@@ -1,9 +1,10 @@
 //! The GPU runtime: one [`GpuContext`] per device, with its buffers and compiled pipelines.
 //!
 //! Kernels never see requests and the engine never sees WGSL: launchers in
-//! [`crate::kernels`] take a context, [`Tensor`]s and a command encoder, and record dispatches.
+//! [`crate::kernels`] take a context, [`Tensor`]s and an [`Encoder`], and record dispatches.
 
 mod context;
+mod encoder;
 mod memory;
 mod pipeline;
 mod profile;
@@ -11,6 +12,7 @@ mod tensor;
 mod weight;
 
 pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions, WeightStorage};
+pub use encoder::{Encoder, ParamsSlot};
 pub use pipeline::{KernelSource, preprocess};
 pub use profile::KernelTime;
 pub use tensor::Tensor;

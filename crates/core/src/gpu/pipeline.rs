@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::GpuContext;
+use crate::gpu::{Encoder, GpuContext};
 use crate::{Error, Result};
 
 /// The WGSL of one kernel variant.
@@ -135,10 +135,11 @@ impl GpuContext {
     }
 
     /// Records one dispatch of `source` with `resources` bound in order to `@binding(0..)` of
-    /// `@group(0)`.
+    /// `@group(0)`: into the encoder's open pass, or into a timed pass of its own while a
+    /// profile is open.
     pub fn dispatch(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut Encoder,
         source: &KernelSource,
         resources: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
@@ -154,34 +155,18 @@ impl GpuContext {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
+        let record = |pass: &mut wgpu::ComputePass<'_>| {
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        };
         let mut profile = self.lock_profile()?;
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(source.entry),
-            timestamp_writes: profile.as_mut().and_then(|p| p.next_pass(source.entry)),
-        });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        match profile.as_mut() {
+            Some(profile) => record(&mut encoder.timed_pass(source.entry, profile.next_pass(source.entry))),
+            None => record(encoder.shared_pass()),
+        }
         self.dispatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    /// A buffer holding `data` (a kernel's parameters), bindable as a uniform or a read-only
-    /// storage buffer.
-    ///
-    /// Kernels read their parameters as uniforms, except those that read weights from textures
-    /// ([`GpuFeatures::weight_textures`]): lavapipe compiles the values of uniforms into a
-    /// shader variant, which pays off for buffer reads (loop bounds become constants) but costs
-    /// ~4 ms each time a bind group with a texture is bound (measured on lavapipe 22.3).
-    ///
-    /// [`GpuFeatures::weight_textures`]: crate::gpu::GpuFeatures::weight_textures
-    pub fn uniform<T: bytemuck::Pod>(&self, data: &T) -> wgpu::Buffer {
-        use wgpu::util::DeviceExt;
-        self.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("flint params"),
-            contents: bytemuck::bytes_of(data),
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE,
-        })
     }
 
     /// Workgroup counts for `groups` workgroups in total, spread over x and y when `groups`

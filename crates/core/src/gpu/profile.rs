@@ -101,7 +101,7 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         let mut encoder = self.encoder("flint profile resolve");
-        encoder.resolve_query_set(&profile.queries, 0..used, &resolved, 0);
+        encoder.raw().resolve_query_set(&profile.queries, 0..used, &resolved, 0);
         self.submit(encoder)?;
         let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.read_bytes(&resolved, 0, bytes).await?);
         let period_ns = self.queue().get_timestamp_period() as f64;

@@ -475,7 +475,7 @@ fn copy_to_texture(ctx: &GpuContext, label: &str, buffer: &wgpu::Buffer) -> Resu
         if rows == 0 || width == 0 {
             continue;
         }
-        encoder.copy_buffer_to_texture(
+        encoder.raw().copy_buffer_to_texture(
             wgpu::TexelCopyBufferInfo {
                 buffer,
                 layout: wgpu::TexelCopyBufferLayout {
@@ -544,7 +544,7 @@ mod tests {
                         mapped_at_creation: false,
                     });
                     let mut encoder = ctx.encoder("texture words");
-                    encoder.copy_texture_to_buffer(
+                    encoder.raw().copy_texture_to_buffer(
                         texture.as_image_copy(),
                         wgpu::TexelCopyBufferInfo {
                             buffer: &copy,

@@ -54,7 +54,7 @@
 //! ```
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_in_place};
 use crate::kernels::rope::{Rope, RopeConfig};
@@ -249,7 +249,7 @@ impl HeadTransform {
     pub fn apply_and_store(
         &self,
         ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut Encoder,
         new: &Projections<'_>,
         positions: &Tensor,
         cache: &KvCacheLayer<'_>,
@@ -345,7 +345,7 @@ impl CacheGeometry {
 /// Two tokens with the same slot leave an unspecified mix of their rows there.
 pub fn store_kv(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     cache: &KvCacheLayer<'_>,
     k_new: &Tensor,
     v_new: &Tensor,
@@ -367,18 +367,16 @@ pub fn store_kv(
         return Ok(());
     }
     let row_vec4s = (row / 4) as u32;
-    let params = ctx.uniform(&KvStoreParams {
-        row_vec4s,
-        n_tokens: n_tokens as u32,
-        n_slots: geometry.slots() as u32,
-        _pad: 0,
-    });
+    let params = encoder.params(
+        ctx,
+        &KvStoreParams { row_vec4s, n_tokens: n_tokens as u32, n_slots: geometry.slots() as u32, _pad: 0 },
+    );
     let source = KernelSource::new(KERNEL, &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u"));
     ctx.dispatch(
         encoder,
         &source,
         &[
-            params.as_entire_binding(),
+            params.binding(),
             k_new.binding(),
             v_new.binding(),
             slots.binding(),
@@ -406,7 +404,7 @@ struct RopeKvParams {
 #[allow(clippy::too_many_arguments)]
 pub fn rope_and_store_kv(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     rope: &Rope,
     q: &Tensor,
     k: &Tensor,
@@ -449,17 +447,20 @@ pub fn rope_and_store_kv(
     ensure(KERNEL, items < u64::from(u32::MAX), || {
         format!("{items} work items are too many for one dispatch")
     })?;
-    let params = ctx.uniform(&RopeKvParams {
-        n_tokens: n_tokens as u32,
-        q_heads: q_heads as u32,
-        kv_heads: geometry.n_kv_heads as u32,
-        n_slots: geometry.slots() as u32,
-    });
+    let params = encoder.params(
+        ctx,
+        &RopeKvParams {
+            n_tokens: n_tokens as u32,
+            q_heads: q_heads as u32,
+            kv_heads: geometry.n_kv_heads as u32,
+            n_slots: geometry.slots() as u32,
+        },
+    );
     ctx.dispatch(
         encoder,
         &rope.kernel(KERNEL, &[ROPE_KV]).define("WG_SIZE", format!("{ROPE_KV_WG}u")),
         &[
-            params.as_entire_binding(),
+            params.binding(),
             rope.turns().binding(),
             positions.binding(),
             slots.binding(),
@@ -481,7 +482,7 @@ pub fn rope_and_store_kv(
 #[allow(clippy::too_many_arguments)]
 pub fn decode(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     heads: &HeadTransform,
     new: &Projections<'_>,
     cache: &KvCacheLayer<'_>,
@@ -496,7 +497,7 @@ pub fn decode(
 #[allow(clippy::too_many_arguments)]
 fn decode_as(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     heads: &HeadTransform,
     new: &Projections<'_>,
     cache: &KvCacheLayer<'_>,
@@ -533,7 +534,7 @@ fn decode_as(
     if n_seqs == 0 {
         return Ok(());
     }
-    let params = ctx.uniform(&params);
+    let params = encoder.params(ctx, &params);
     let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
     let variant = variant.unwrap_or_else(|| {
         DecodeVariant::choose(ctx, n_seqs * n_heads / group_heads, group_heads, geometry.head_dim)
@@ -548,7 +549,7 @@ fn decode_as(
         encoder,
         &source,
         &[
-            params.as_entire_binding(),
+            params.binding(),
             heads.constants.as_entire_binding(),
             new.q.binding(),
             new.k.binding(),
@@ -569,7 +570,7 @@ fn decode_as(
 /// (same shape as `q`).
 pub fn prefill(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     q: &Tensor,
     cache: &KvCacheLayer<'_>,
     batch: &PrefillBatch<'_>,
@@ -589,13 +590,13 @@ pub fn prefill(
     if n_tokens == 0 {
         return Ok(());
     }
-    let params = ctx.uniform(&params);
+    let params = encoder.params(ctx, &params);
     let tiles = (n_tokens as u32).div_ceil(PREFILL_ROWS);
     ctx.dispatch(
         encoder,
         &prefill_source(geometry.head_dim),
         &[
-            params.as_entire_binding(),
+            params.binding(),
             q.binding(),
             cache.k.binding(),
             cache.v.binding(),

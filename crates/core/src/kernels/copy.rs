@@ -1,7 +1,7 @@
 //! Bandwidth probes: a vec4 copy and a read-only vec4 reduction (`shaders/copy.wgsl`).
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
 const SOURCE: &str = include_str!("../../../../shaders/copy.wgsl");
@@ -19,7 +19,7 @@ fn source(entry: &'static str) -> KernelSource {
 }
 
 /// Records `dst = src`; both hold a multiple of 4 elements and the same length.
-pub fn copy(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, src: &Tensor, dst: &Tensor) -> Result<()> {
+pub fn copy(ctx: &GpuContext, encoder: &mut Encoder, src: &Tensor, dst: &Tensor) -> Result<()> {
     ensure("copy_vec4", src.len() == dst.len() && src.len().is_multiple_of(4), || {
         format!(
             "src has {} elements and dst {}; both must be equal and a multiple of 4",
@@ -28,25 +28,14 @@ pub fn copy(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, src: &Tensor, 
         )
     })?;
     let count = (src.len() / 4) as u32;
-    let params = ctx.uniform(&Params { count, _pad: [0; 3] });
+    let params = encoder.params(ctx, &Params { count, _pad: [0; 3] });
     let groups = ctx.grid(count.div_ceil(WG_SIZE));
-    ctx.dispatch(
-        encoder,
-        &source("copy_vec4"),
-        &[src.binding(), dst.binding(), params.as_entire_binding()],
-        groups,
-    )
+    ctx.dispatch(encoder, &source("copy_vec4"), &[src.binding(), dst.binding(), params.binding()], groups)
 }
 
 /// Records a read of all of `src` (a multiple of 4 elements) by `groups` workgroups, each
 /// invocation writing one word of `sink` (which needs `groups * 256` elements).
-pub fn read(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    src: &Tensor,
-    sink: &Tensor,
-    groups: u32,
-) -> Result<()> {
+pub fn read(ctx: &GpuContext, encoder: &mut Encoder, src: &Tensor, sink: &Tensor, groups: u32) -> Result<()> {
     ensure("read_vec4", src.len().is_multiple_of(4) && sink.len() >= (groups * WG_SIZE) as usize, || {
         format!(
             "src has {} elements (must be a multiple of 4), sink {} (needs {})",
@@ -55,11 +44,11 @@ pub fn read(
             groups * WG_SIZE
         )
     })?;
-    let params = ctx.uniform(&Params { count: (src.len() / 4) as u32, _pad: [0; 3] });
+    let params = encoder.params(ctx, &Params { count: (src.len() / 4) as u32, _pad: [0; 3] });
     ctx.dispatch(
         encoder,
         &source("read_vec4"),
-        &[src.binding(), sink.binding(), params.as_entire_binding()],
+        &[src.binding(), sink.binding(), params.binding()],
         ctx.grid(groups),
     )
 }
@@ -101,7 +90,7 @@ pub async fn measure_bandwidth(
     let sink = Tensor::empty(ctx, "bandwidth sink", &[(read_groups * WG_SIZE) as usize])?;
     let bytes = (elements * 4) as f64;
 
-    let time = async |record: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>| -> Result<f64> {
+    let time = async |record: &dyn Fn(&mut Encoder) -> Result<()>| -> Result<f64> {
         let mut runs = Vec::with_capacity(repeats + 1);
         for _ in 0..=repeats.max(1) {
             let start = now_s();

@@ -22,7 +22,7 @@
 //! ```
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 use crate::kernels::norm::{REDUCTION_WG_SIZE, reduction_rows_per_workgroup};
 
@@ -64,7 +64,7 @@ struct Params {
 /// Records `out = act(gate) * up`, element by element.
 pub fn gated_activation(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     activation: GatedActivation,
     gate: &Tensor,
     up: &Tensor,
@@ -76,7 +76,7 @@ pub fn gated_activation(
 /// Records `gate = act(gate) * up`, element by element.
 pub fn gated_activation_in_place(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     activation: GatedActivation,
     gate: &Tensor,
     up: &Tensor,
@@ -85,34 +85,18 @@ pub fn gated_activation_in_place(
 }
 
 /// Records `out = a + b`, element by element.
-pub fn add(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    a: &Tensor,
-    b: &Tensor,
-    out: &Tensor,
-) -> Result<()> {
+pub fn add(ctx: &GpuContext, encoder: &mut Encoder, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
     record(ctx, encoder, "add", a, Some(b), Some(out), 1.0)
 }
 
 /// Records `a += b` (the residual connection), element by element.
-pub fn add_in_place(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    a: &Tensor,
-    b: &Tensor,
-) -> Result<()> {
+pub fn add_in_place(ctx: &GpuContext, encoder: &mut Encoder, a: &Tensor, b: &Tensor) -> Result<()> {
     record(ctx, encoder, "add", a, Some(b), None, 1.0)
 }
 
 /// Records `x[r, c] += bias[c]`: the `[cols]` bias added to every row of `x`, whose last
 /// dimension is `cols` (the biases of Qwen 2's q, k and v projections).
-pub fn add_bias_in_place(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    x: &Tensor,
-    bias: &Tensor,
-) -> Result<()> {
+pub fn add_bias_in_place(ctx: &GpuContext, encoder: &mut Encoder, x: &Tensor, bias: &Tensor) -> Result<()> {
     const ENTRY: &str = "add_bias";
     let cols = bias.len();
     ensure(ENTRY, cols > 0 && x.shape().last() == Some(&cols), || {
@@ -126,33 +110,22 @@ pub fn add_bias_in_place(
         return Ok(());
     }
     let count = x.len() as u32;
-    let params = ctx.uniform(&Params { count, factor: 1.0, bias_len: cols as u32, _pad: 0 });
+    let params = encoder.params(ctx, &Params { count, factor: 1.0, bias_len: cols as u32, _pad: 0 });
     ctx.dispatch(
         encoder,
         &elementwise_source(ENTRY, true, true),
-        &[params.as_entire_binding(), x.binding(), bias.binding()],
+        &[params.binding(), x.binding(), bias.binding()],
         ctx.grid(count.div_ceil(ELEMENTWISE_WG_SIZE)),
     )
 }
 
 /// Records `out = x * factor`, element by element.
-pub fn scale(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    x: &Tensor,
-    factor: f32,
-    out: &Tensor,
-) -> Result<()> {
+pub fn scale(ctx: &GpuContext, encoder: &mut Encoder, x: &Tensor, factor: f32, out: &Tensor) -> Result<()> {
     record(ctx, encoder, "scale", x, None, Some(out), factor)
 }
 
 /// Records `x *= factor`, element by element.
-pub fn scale_in_place(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    x: &Tensor,
-    factor: f32,
-) -> Result<()> {
+pub fn scale_in_place(ctx: &GpuContext, encoder: &mut Encoder, x: &Tensor, factor: f32) -> Result<()> {
     record(ctx, encoder, "scale", x, None, None, factor)
 }
 
@@ -167,7 +140,7 @@ fn elementwise_source(entry: &'static str, binary: bool, in_place: bool) -> Kern
 
 fn record(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     entry: &'static str,
     a: &Tensor,
     b: Option<&Tensor>,
@@ -196,8 +169,8 @@ fn record(
     if count == 0 {
         return Ok(());
     }
-    let params = ctx.uniform(&Params { count: count as u32, factor, bias_len: 0, _pad: 0 });
-    let mut bindings = vec![params.as_entire_binding(), a.binding()];
+    let params = encoder.params(ctx, &Params { count: count as u32, factor, bias_len: 0, _pad: 0 });
+    let mut bindings = vec![params.binding(), a.binding()];
     bindings.extend(b.map(Tensor::binding));
     bindings.extend(out.map(Tensor::binding));
     let source = elementwise_source(entry, b.is_some(), out.is_none());
@@ -215,13 +188,7 @@ struct SoftmaxParams {
 
 /// Records `out = softmax(x * scale)` over `x`'s last dimension, each row shifted by its max
 /// first so that large inputs do not overflow. `-inf` inputs (masked logits) get probability 0.
-pub fn softmax(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    x: &Tensor,
-    scale: f32,
-    out: &Tensor,
-) -> Result<()> {
+pub fn softmax(ctx: &GpuContext, encoder: &mut Encoder, x: &Tensor, scale: f32, out: &Tensor) -> Result<()> {
     ensure("softmax", out.len() == x.len(), || {
         format!("x has {} elements but out has {}; they must be equal", x.len(), out.len())
     })?;
@@ -232,12 +199,7 @@ pub fn softmax(
 }
 
 /// Records `x = softmax(x * scale)` over `x`'s last dimension (see [`softmax`]).
-pub fn softmax_in_place(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    x: &Tensor,
-    scale: f32,
-) -> Result<()> {
+pub fn softmax_in_place(ctx: &GpuContext, encoder: &mut Encoder, x: &Tensor, scale: f32) -> Result<()> {
     record_softmax(ctx, encoder, x, scale, None, reduction_rows_per_workgroup(ctx))
 }
 
@@ -251,7 +213,7 @@ fn softmax_source(ctx: &GpuContext, in_place: bool, rows_per_workgroup: u32) -> 
 
 fn record_softmax(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     x: &Tensor,
     scale: f32,
     out: Option<&Tensor>,
@@ -266,8 +228,8 @@ fn record_softmax(
         return Ok(());
     }
     let rows = x.len() / n;
-    let params = ctx.uniform(&SoftmaxParams { rows: rows as u32, n: n as u32, scale, _pad: 0 });
-    let mut bindings = vec![params.as_entire_binding(), x.binding()];
+    let params = encoder.params(ctx, &SoftmaxParams { rows: rows as u32, n: n as u32, scale, _pad: 0 });
+    let mut bindings = vec![params.binding(), x.binding()];
     bindings.extend(out.map(Tensor::binding));
     let source = softmax_source(ctx, out.is_none(), rows_per_workgroup);
     ctx.dispatch(encoder, &source, &bindings, ctx.grid((rows as u32).div_ceil(rows_per_workgroup)))
@@ -299,7 +261,7 @@ mod tests {
     const SIZES: [usize; 8] = [1, 7, 63, 65, 576, 1000, 4099, 70_001];
 
     /// Poisons `out`, runs `launch` and reads `out` back.
-    fn run(ctx: &GpuContext, out: &Tensor, launch: impl FnOnce(&mut wgpu::CommandEncoder)) -> Vec<f32> {
+    fn run(ctx: &GpuContext, out: &Tensor, launch: impl FnOnce(&mut Encoder)) -> Vec<f32> {
         out.fill_bits(ctx, POISON);
         let mut encoder = ctx.encoder("test");
         launch(&mut encoder);

@@ -2,7 +2,7 @@
 //! token ids, dequantized to f32 by the type's block decoder from `shaders/quant/`.
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, QuantMatrix, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor};
 use crate::kernels::ensure;
 use crate::quant::QuantType;
 
@@ -34,7 +34,7 @@ fn source(quant: QuantType, textures: bool) -> KernelSource {
 /// table; each writes the rows whose ids fall in its chunk.
 pub fn embedding(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     table: &QuantMatrix,
     ids: &Tensor,
     out: &Tensor,
@@ -51,20 +51,23 @@ pub fn embedding(
     let source = source(table.quant(), table.in_textures());
     let groups = ctx.grid(((count * cols / 8) as u32).div_ceil(WG_SIZE));
     for (i, chunk) in table.chunks().iter().enumerate() {
-        let params = ctx.uniform(&Params {
-            rows: chunk.rows as u32,
-            first_row: chunk.first_row as u32,
-            cols: cols as u32,
-            count: count as u32,
-            row_words: table.row_words() as u32,
-            blocks: (cols / table.quant().block_elements()) as u32,
-            total_rows: table.rows() as u32,
-            zero_missing: u32::from(i == 0),
-        });
+        let params = encoder.params(
+            ctx,
+            &Params {
+                rows: chunk.rows as u32,
+                first_row: chunk.first_row as u32,
+                cols: cols as u32,
+                count: count as u32,
+                row_words: table.row_words() as u32,
+                blocks: (cols / table.quant().block_elements()) as u32,
+                total_rows: table.rows() as u32,
+                zero_missing: u32::from(i == 0),
+            },
+        );
         ctx.dispatch(
             encoder,
             &source,
-            &[chunk.binding(), ids.binding(), out.binding(), params.as_entire_binding()],
+            &[chunk.binding(), ids.binding(), out.binding(), params.binding()],
             groups,
         )?;
     }

@@ -3,7 +3,7 @@
 //! decoder from `shaders/quant/`; f32 activations, f32 sums.
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, QuantMatrix, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor};
 use crate::kernels::elementwise::{ACTIVATION_SOURCE, GatedActivation};
 use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm};
@@ -249,7 +249,7 @@ impl<'a> Outputs<'a> {
 /// to 16 batch rows. One dispatch per chunk of the weight.
 pub fn matmul(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     x: &Tensor,
     y: &Tensor,
@@ -261,7 +261,7 @@ pub fn matmul(
 /// a residual connection does, in the same pass.
 pub fn matmul_add(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     x: &Tensor,
     y: &Tensor,
@@ -273,7 +273,7 @@ pub fn matmul_add(
 /// layer's down projection with its gated activation computed in the same pass.
 pub fn matmul_gated(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     input: &GatedInput<'_>,
     y: &Tensor,
@@ -284,7 +284,7 @@ pub fn matmul_gated(
 /// [`matmul_gated`] with its products added to y (the residual connection), in the same pass.
 pub fn matmul_gated_add(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     input: &GatedInput<'_>,
     y: &Tensor,
@@ -297,7 +297,7 @@ pub fn matmul_gated_add(
 /// its own tensor of `outputs` (in order; each `[batch, that part's rows]`).
 pub fn matmul_split(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     x: &Tensor,
     outputs: &[&Tensor],
@@ -320,7 +320,7 @@ fn split_outputs<'a>(outputs: &[&'a Tensor]) -> Result<Outputs<'a>> {
 /// kernel loads it: the norm's pass over memory and its dispatch are saved.
 pub fn matmul_normed(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     norm: &RmsNorm<'_>,
     x: &Tensor,
@@ -332,7 +332,7 @@ pub fn matmul_normed(
 /// [`matmul_split`] of `x` normalised by `norm`, as [`matmul_normed`] does.
 pub fn matmul_split_normed(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     norm: &RmsNorm<'_>,
     x: &Tensor,
@@ -344,7 +344,7 @@ pub fn matmul_split_normed(
 /// Checks the arguments and records the product through `variant`, or the device's choice.
 fn run(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     input: Input,
     outputs: Outputs,
@@ -395,7 +395,7 @@ fn batch_rows(weight: &QuantMatrix, input: Input, outputs: Outputs) -> Result<us
 
 fn record(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     weight: &QuantMatrix,
     input: Input,
     outputs: Outputs,
@@ -416,25 +416,27 @@ fn record(
         _ => (weight.rows(), weight.rows()),
     };
     for chunk in weight.chunks() {
-        let params = ctx.uniform(&Params {
-            rows: chunk.rows as u32,
-            first_row: chunk.first_row as u32,
-            cols: weight.cols() as u32,
-            batch: batch as u32,
-            row_words: weight.row_words() as u32,
-            blocks: (weight.cols() / weight.quant().block_elements()) as u32,
-            out_rows: weight.rows() as u32,
-            second_row: second_row as u32,
-            third_row: third_row as u32,
-            eps: match input {
-                Input::Normed(_, norm) => norm.eps,
-                _ => 0.0,
+        let params = encoder.params(
+            ctx,
+            &Params {
+                rows: chunk.rows as u32,
+                first_row: chunk.first_row as u32,
+                cols: weight.cols() as u32,
+                batch: batch as u32,
+                row_words: weight.row_words() as u32,
+                blocks: (weight.cols() / weight.quant().block_elements()) as u32,
+                out_rows: weight.rows() as u32,
+                second_row: second_row as u32,
+                third_row: third_row as u32,
+                eps: match input {
+                    Input::Normed(_, norm) => norm.eps,
+                    _ => 0.0,
+                },
+                _pad: 0,
             },
-            _pad: 0,
-        });
+        );
         let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
-        let mut bindings =
-            vec![chunk.binding(), input.x().binding(), tensors[0].binding(), params.as_entire_binding()];
+        let mut bindings = vec![chunk.binding(), input.x().binding(), tensors[0].binding(), params.binding()];
         // From binding 4 on: the split outputs, then the up projection of a gated input or the
         // norm's weight.
         bindings.extend(tensors[1..].iter().map(|y| y.binding()));

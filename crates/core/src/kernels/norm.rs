@@ -25,7 +25,7 @@
 //! ```
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
 const SOURCE: &str = include_str!("../../../../shaders/norm.wgsl");
@@ -92,7 +92,7 @@ enum Form {
 /// Records `out = rms_norm(x)` row by row; `out` has as many elements as `x`.
 pub fn rms_norm(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     norm: &RmsNorm<'_>,
     x: &Tensor,
     out: &Tensor,
@@ -106,7 +106,7 @@ pub fn rms_norm(
 /// Records `x = rms_norm(x)` row by row.
 pub fn rms_norm_in_place(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     norm: &RmsNorm<'_>,
     x: &Tensor,
 ) -> Result<()> {
@@ -123,7 +123,7 @@ pub fn rms_norm_in_place(
 /// same length and the same [`NormWeight`] convention.
 pub fn rms_norm_residual(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     post: &RmsNorm<'_>,
     sublayer: &Tensor,
     x: &Tensor,
@@ -180,7 +180,7 @@ fn distinct(kernel: &'static str, written: &[&Tensor], read: &[&Tensor]) -> Resu
 
 fn record(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     norm: &RmsNorm<'_>,
     x: &Tensor,
     out: Option<&Tensor>,
@@ -195,8 +195,8 @@ fn record(
         return Ok(());
     }
     let dim = norm.weight.len() as u32;
-    let params = ctx.uniform(&Params { rows: rows as u32, dim, eps: norm.eps, next_eps: 0.0 });
-    let mut bindings = vec![params.as_entire_binding(), norm.weight.binding(), x.binding()];
+    let params = encoder.params(ctx, &Params { rows: rows as u32, dim, eps: norm.eps, next_eps: 0.0 });
+    let mut bindings = vec![params.binding(), norm.weight.binding(), x.binding()];
     bindings.extend(out.map(Tensor::binding));
     let source = source(ctx, norm.convention, Form::Norm { in_place: out.is_none() }, rows_per_workgroup);
     ctx.dispatch(encoder, &source, &bindings, ctx.grid((rows as u32).div_ceil(rows_per_workgroup)))
@@ -204,7 +204,7 @@ fn record(
 
 fn record_residual(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     post: &RmsNorm<'_>,
     sublayer: &Tensor,
     x: &Tensor,
@@ -244,9 +244,8 @@ fn record_residual(
         return Ok(());
     }
     let dim = post.weight.len() as u32;
-    let params = ctx.uniform(&Params { rows: rows as u32, dim, eps: post.eps, next_eps });
-    let mut bindings =
-        vec![params.as_entire_binding(), post.weight.binding(), sublayer.binding(), x.binding()];
+    let params = encoder.params(ctx, &Params { rows: rows as u32, dim, eps: post.eps, next_eps });
+    let mut bindings = vec![params.binding(), post.weight.binding(), sublayer.binding(), x.binding()];
     if let Some((norm, out)) = next {
         bindings.extend([norm.weight.binding(), out.binding()]);
     }

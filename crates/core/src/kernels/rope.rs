@@ -33,7 +33,7 @@
 use std::f64::consts::TAU;
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
 const COMMON: &str = include_str!("../../../../shaders/rope_common.wgsl");
@@ -174,7 +174,7 @@ impl Rope {
 /// `[tokens, heads * head_dim]`, `positions` holds one u32 position per token.
 pub fn rope(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     rope: &Rope,
     x: &Tensor,
     positions: &Tensor,
@@ -206,11 +206,11 @@ pub fn rope(
         format!("{pairs} rotated pairs are too many for one dispatch")
     })?;
     let pairs = pairs as u32;
-    let params = ctx.uniform(&Params { pairs, heads: heads as u32, _pad: [0; 2] });
+    let params = encoder.params(ctx, &Params { pairs, heads: heads as u32, _pad: [0; 2] });
     ctx.dispatch(
         encoder,
         &rope.source(),
-        &[params.as_entire_binding(), rope.turns.binding(), positions.binding(), x.binding()],
+        &[params.binding(), rope.turns.binding(), positions.binding(), x.binding()],
         ctx.grid(pairs.div_ceil(WG_SIZE)),
     )
 }

@@ -25,7 +25,7 @@
 //! ```
 
 use crate::Result;
-use crate::gpu::{GpuContext, KernelSource, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
 const SOURCE: &str = include_str!("../../../../shaders/sample.wgsl");
@@ -76,7 +76,7 @@ struct Params {
 /// `out` (u32 `[rows, depth.words_per_row()]`, read with [`RowCandidates::parse`]).
 pub fn top_candidates(
     ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    encoder: &mut Encoder,
     logits: &Tensor,
     depth: CandidateDepth,
     out: &Tensor,
@@ -103,11 +103,11 @@ pub fn top_candidates(
         .define("WG_SIZE", format!("{WG_SIZE}u"))
         .define("LIST", format!("{list}u"))
         .define("OUT_COUNT", format!("{count}u"));
-    let params = ctx.uniform(&Params { rows: rows as u32, n: vocab as u32, _pad: [0; 2] });
+    let params = encoder.params(ctx, &Params { rows: rows as u32, n: vocab as u32, _pad: [0; 2] });
     ctx.dispatch(
         encoder,
         &source,
-        &[params.as_entire_binding(), logits.binding(), out.binding()],
+        &[params.binding(), logits.binding(), out.binding()],
         ctx.grid(rows as u32),
     )
 }

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{
     self, AttentionOptions, DecodeBatch, HeadTransform, KvCacheLayer, PrefillBatch, Projections,
 };
@@ -176,7 +176,7 @@ impl Step {
     pub fn attention(
         &self,
         ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut Encoder,
         heads: &HeadTransform,
         new: &Projections<'_>,
         cache: &KvCacheLayer<'_>,
@@ -202,7 +202,7 @@ impl Step {
     pub fn logits(
         &self,
         ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut Encoder,
         hidden: &Tensor,
         output_norm: &RmsNorm<'_>,
         lm_head: &QuantMatrix,

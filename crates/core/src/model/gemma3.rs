@@ -25,7 +25,7 @@
 //! the GGUF weights scale as they are ([`NormWeight::Scale`]).
 
 use crate::Result;
-use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Projections};
 use crate::kernels::elementwise::{GatedActivation, scale_in_place};
 use crate::kernels::embedding::embedding;
@@ -134,7 +134,7 @@ impl Gemma3 {
     pub fn forward(
         &self,
         ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut Encoder,
         step: &Step,
         cache: &KvCache,
     ) -> Result<Tensor> {

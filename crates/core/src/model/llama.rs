@@ -21,7 +21,7 @@
 //! x: 5. A prefill step norms, rotates and stores in passes of their own first.
 
 use crate::Result;
-use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Projections};
 use crate::kernels::elementwise::{GatedActivation, add_bias_in_place};
 use crate::kernels::embedding::embedding;
@@ -132,7 +132,7 @@ impl Llama {
     pub fn forward(
         &self,
         ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut Encoder,
         step: &Step,
         cache: &KvCache,
     ) -> Result<Tensor> {

@@ -47,7 +47,7 @@ pub use batch::{LogitRows, SequenceChunk};
 pub use config::{Architecture, ModelConfig, RopeSettings, SlidingWindowLayers};
 
 use crate::gguf::GgufFile;
-use crate::gpu::{GpuContext, Tensor};
+use crate::gpu::{Encoder, GpuContext, Tensor};
 use crate::kv::{KvCache, KvCacheShape};
 use crate::{Error, Result};
 
@@ -141,7 +141,7 @@ impl Model {
         &self,
         cache: &KvCache,
         chunks: &[SequenceChunk<'_>],
-        then: impl FnOnce(&GpuContext, &mut wgpu::CommandEncoder, &Tensor) -> Result<T>,
+        then: impl FnOnce(&GpuContext, &mut Encoder, &Tensor) -> Result<T>,
     ) -> Result<(Tensor, T)> {
         if cache.shape() != self.kv_cache_shape() {
             return Err(Error::InvalidBatch(format!(

@@ -1,7 +1,7 @@
 //! Uploading a model's tensors by name, each checked against the shape its config implies.
 
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::gpu::{GpuContext, QuantMatrix, Tensor};
+use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::matmul::{matmul, matmul_normed, matmul_split, matmul_split_normed};
 use crate::kernels::norm::RmsNorm;
 use crate::quant::dequantize_row;
@@ -121,7 +121,7 @@ impl Stacked {
     pub fn forward(
         &self,
         ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        encoder: &mut Encoder,
         norm: Option<&RmsNorm<'_>>,
         x: &Tensor,
         outputs: &[&Tensor],
