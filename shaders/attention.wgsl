@@ -23,9 +23,10 @@ struct AttentionParams {
     scale: f32,
     // Logit soft-cap: logit = softcap * tanh(logit / softcap); 0 = off.
     softcap: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    // Decode split over the keys (SPLIT): keys per workgroup, and workgroups per chunk of heads.
+    key_span: u32,
+    splits: u32,
+    _pad: u32,
 }
 
 const HEAD_VEC4S: u32 = HEAD_DIM / 4u;

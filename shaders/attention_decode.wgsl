@@ -28,6 +28,14 @@
 // n_heads / n_kv_heads).
 // Bounds: HEAD_DIM a multiple of 4 and at most 4 * WG.
 //
+// SPLIT (flash-decoding, for GPUs when the (sequence, kv head, chunk) groups are too few to fill
+// the device): each group's keys are cut into spans of params.key_span, one workgroup per span
+// (linear index group * params.splits + split). Each writes, instead of the result, its
+// unnormalised accumulators and each head's running maximum and sum into `out`, which is then
+// the partials buffer of attention_combine.wgsl: accumulators [groups, splits, GROUP_HEADS,
+// HEAD_VEC4S] vec4s, then per (group, split, head) a vec4 (maximum, sum, 0, 0). Only split 0
+// stores the new key and value.
+//
 // SERIAL (for CPU devices such as lavapipe, where invocations are SIMD lanes of one thread and
 // barriers and workgroup memory are costly): one invocation per (sequence, kv head, chunk of
 // GROUP_HEADS query heads), linear index wg.x + wg.y * num_workgroups.x times WG plus the lane,
@@ -285,7 +293,14 @@ fn attention_decode(
     @builtin(local_invocation_index) lane: u32,
 ) {
     let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
+#if SPLIT
+    let group = (wg.x + wg.y * groups.x) / params.splits;
+    let split = (wg.x + wg.y * groups.x) % params.splits;
+    let stores_new_key = group % chunks == 0u && split == 0u;
+#else
     let group = wg.x + wg.y * groups.x;
+    let stores_new_key = group % chunks == 0u;
+#endif
     if group >= params.n_rows * params.n_kv_heads * chunks {
         return;
     }
@@ -308,6 +323,11 @@ fn attention_decode(
     if lane == 0u {
         let n_keys = min(context_len, table_capacity());
         key_range = vec2<u32>(select(0u, first_visible_key(n_keys - 1u), n_keys > 0u), n_keys);
+#if SPLIT
+        // This workgroup's span of them; it may be empty.
+        key_range = vec2<u32>(max(key_range.x, split * params.key_span),
+                              min(key_range.y, (split + 1u) * params.key_span));
+#endif
     }
     workgroupBarrier();
 #if HEAD_NORMS
@@ -352,7 +372,7 @@ fn attention_decode(
     }
     // Also the barrier that publishes the queries and the new key.
     let keys = workgroupUniformLoad(&key_range);
-    if group % chunks == 0u && position < table_capacity() {
+    if stores_new_key && position < table_capacity() {
         let base = cache_vec4_index(key_slot(seq, position), kv_head);
         for (var i = lane; i < HEAD_VEC4S; i += WG) {
             k_cache[base + i] = new_key[i];
@@ -448,8 +468,18 @@ fn attention_decode(
             total += head_vec4s[g * GROUP_HEADS * HEAD_VEC4S + e];
             sum += group_sums[g * GROUP_HEADS + h];
         }
+#if SPLIT
+        // Every invocation holds the same maxima. The combine rescales and divides.
+        let partial = group * params.splits + split;
+        out[partial * GROUP_HEADS * HEAD_VEC4S + e] = total;
+        if e % HEAD_VEC4S == 0u {
+            let stats = params.n_rows * params.n_kv_heads * chunks * params.splits * GROUP_HEADS * HEAD_VEC4S;
+            out[stats + partial * GROUP_HEADS + h] = vec4<f32>(running_max[h], sum, 0.0, 0.0);
+        }
+#else
         // The key at the running maximum contributes exp(0) = 1: the sum is 0 only with no keys.
         out[first_row * HEAD_VEC4S + e] = select(vec4<f32>(0.0), total / sum, sum > 0.0);
+#endif
     }
 }
 #endif

@@ -61,6 +61,7 @@ use crate::kernels::rope::{Rope, RopeConfig};
 
 const COMMON: &str = include_str!("../../../../shaders/attention.wgsl");
 const DECODE: &str = include_str!("../../../../shaders/attention_decode.wgsl");
+const COMBINE: &str = include_str!("../../../../shaders/attention_combine.wgsl");
 const PREFILL: &str = include_str!("../../../../shaders/attention_prefill.wgsl");
 const KV_STORE: &str = include_str!("../../../../shaders/kv_store.wgsl");
 const ROPE_KV: &str = include_str!("../../../../shaders/rope_kv.wgsl");
@@ -75,6 +76,9 @@ const DECODE_WG: u32 = 64;
 /// One SIMD group of lavapipe (8 f32 lanes of 256 bits), so that a batch of a few sequences
 /// still spreads over the device's threads.
 const DECODE_SERIAL_WG: u32 = 8;
+/// Split decode on GPUs: workgroups to aim for over a step's (sequence, kv head, chunk) groups
+/// and their spans of keys; a few per compute unit of a large GPU (an H200 has 132).
+const DECODE_SPLIT_WORKGROUPS: usize = 256;
 /// Decode: the most query heads of one kv head that a workgroup serves, reading each key and
 /// value once for all of them; bounded by their queries' and scores' workgroup memory.
 const DECODE_MAX_GROUP_HEADS: usize = 8;
@@ -284,7 +288,19 @@ struct AttentionParams {
     window: u32,
     scale: f32,
     softcap: f32,
-    _pad: [u32; 3],
+    key_span: u32,
+    splits: u32,
+    _pad: u32,
+}
+
+/// Uniform parameters of the combine pass of split decode (`attention_combine.wgsl`).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct CombineParams {
+    n_seqs: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    splits: u32,
 }
 
 #[repr(C)]
@@ -530,21 +546,37 @@ fn decode_as(
     ensure(KERNEL, batch.block_table.shape()[0] == n_seqs, || {
         format!("the block table has {} rows for {n_seqs} sequences", batch.block_table.shape()[0])
     })?;
-    let params = attention_params(KERNEL, options, &geometry, n_seqs, n_heads, n_seqs, max_blocks)?;
+    let mut params = attention_params(KERNEL, options, &geometry, n_seqs, n_heads, n_seqs, max_blocks)?;
     if n_seqs == 0 {
         return Ok(());
     }
-    let params = encoder.params(ctx, &params);
     let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
-    let variant = variant.unwrap_or_else(|| {
-        DecodeVariant::choose(ctx, n_seqs * n_heads / group_heads, group_heads, geometry.head_dim)
-    });
+    let groups = n_seqs * n_heads / group_heads;
+    let key_capacity = max_blocks * geometry.block_size;
+    let variant = variant
+        .unwrap_or_else(|| DecodeVariant::choose(ctx, groups, group_heads, geometry.head_dim, key_capacity));
     let (group_heads, invocations_per_workgroup) = match variant {
-        DecodeVariant::Workgroups => (group_heads, 1),
+        DecodeVariant::Workgroups | DecodeVariant::Split { .. } => (group_heads, 1),
         DecodeVariant::Serial { group_heads } => (group_heads, DECODE_SERIAL_WG as usize),
     };
     let source = decode_source(heads, group_heads, variant);
-    let workgroups = (n_seqs * n_heads / group_heads).div_ceil(invocations_per_workgroup);
+    let groups = n_seqs * n_heads / group_heads;
+    let splits = match variant {
+        DecodeVariant::Split { key_span } => key_capacity.div_ceil(key_span).max(1),
+        _ => 1,
+    };
+    // Split: the partial results go to a buffer of their own, and a second pass combines them.
+    let partials = match variant {
+        DecodeVariant::Split { key_span } => {
+            params.key_span = key_span as u32;
+            params.splits = splits as u32;
+            let floats = groups * splits * group_heads * (geometry.head_dim + 4);
+            Some(Tensor::empty(ctx, "attention partials", &[floats])?)
+        }
+        _ => None,
+    };
+    let params = encoder.params(ctx, &params);
+    let workgroups = (groups * splits).div_ceil(invocations_per_workgroup);
     ctx.dispatch(
         encoder,
         &source,
@@ -558,9 +590,28 @@ fn decode_as(
             cache.v.binding(),
             batch.context_lens.binding(),
             batch.block_table.binding(),
-            out.binding(),
+            partials.as_ref().unwrap_or(out).binding(),
         ],
         ctx.grid(workgroups as u32),
+    )?;
+    let Some(partials) = partials else {
+        return Ok(());
+    };
+    let combine = encoder.params(
+        ctx,
+        &CombineParams {
+            n_seqs: n_seqs as u32,
+            n_heads: n_heads as u32,
+            n_kv_heads: geometry.n_kv_heads as u32,
+            splits: splits as u32,
+        },
+    );
+    let outputs = (out.len() / 4) as u32;
+    ctx.dispatch(
+        encoder,
+        &combine_source(geometry.head_dim, group_heads),
+        &[combine.binding(), partials.binding(), out.binding()],
+        ctx.grid(outputs.div_ceil(DECODE_WG)),
     )
 }
 
@@ -684,7 +735,9 @@ fn attention_params(
         window: options.sliding_window.unwrap_or(0),
         scale: options.scale,
         softcap: options.softcap.unwrap_or(0.0),
-        _pad: [0; 3],
+        key_span: 0,
+        splits: 0,
+        _pad: 0,
     })
 }
 
@@ -698,8 +751,13 @@ fn decode_group_heads(group: usize) -> usize {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DecodeVariant {
     /// A workgroup per (sequence, kv head, chunk of query heads), keys in tiles shared through
-    /// workgroup memory: GPUs.
+    /// workgroup memory: GPUs, when those workgroups are enough to fill the device.
     Workgroups,
+    /// As `Workgroups`, but a workgroup per span of `key_span` keys of each (sequence, kv head,
+    /// chunk), and a second pass that combines their partial softmaxes (flash-decoding): GPUs,
+    /// when a step has too few groups to keep the device busy (SmolLM2 has 3 a sequence; one
+    /// workgroup each took 113 µs a layer at 260 keys of context on an H200).
+    Split { key_span: usize },
     /// An invocation per (sequence, kv head, chunk of `group_heads` query heads), alone over its
     /// keys: CPU devices, where invocations are SIMD lanes of one thread and every barrier and
     /// every loop of every lane over a tile's scores in workgroup memory costs (at 16 sequences
@@ -709,11 +767,25 @@ enum DecodeVariant {
 }
 
 impl DecodeVariant {
-    /// The variant for this device, given the (sequence, kv head, chunk) groups of a step and
-    /// the query heads of a chunk.
-    fn choose(ctx: &GpuContext, chunks: usize, group_heads: usize, head_dim: usize) -> Self {
+    /// The variant for this device, given the (sequence, kv head, chunk) groups of a step, the
+    /// query heads of a chunk, their size, and the most keys a sequence of the step can have.
+    fn choose(
+        ctx: &GpuContext,
+        chunks: usize,
+        group_heads: usize,
+        head_dim: usize,
+        key_capacity: usize,
+    ) -> Self {
         if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
-            return DecodeVariant::Workgroups;
+            // Spans of at least a tile of keys each, as many as bring the step to its target.
+            let splits =
+                (DECODE_SPLIT_WORKGROUPS / chunks.max(1)).min(key_capacity.div_ceil(DECODE_WG as usize));
+            if splits <= 1 {
+                return DecodeVariant::Workgroups;
+            }
+            return DecodeVariant::Split {
+                key_span: key_capacity.div_ceil(splits).next_multiple_of(DECODE_WG as usize),
+            };
         }
         // A chunk per invocation loads each key and value once for its heads but makes fewer
         // invocations: only while they still fill a few workgroups for the device's threads,
@@ -737,10 +809,18 @@ fn decode_source(heads: &HeadTransform, group_heads: usize, variant: DecodeVaria
         heads.kernel("attention_decode", &[COMMON, DECODE]).define("GROUP_HEADS", format!("{group_heads}u"));
     match variant {
         DecodeVariant::Workgroups => source.define("WG", format!("{DECODE_WG}u")),
+        DecodeVariant::Split { .. } => source.define("WG", format!("{DECODE_WG}u")).define("SPLIT", true),
         DecodeVariant::Serial { .. } => {
             source.define("WG", format!("{DECODE_SERIAL_WG}u")).define("SERIAL", true)
         }
     }
+}
+
+fn combine_source(head_dim: usize, group_heads: usize) -> KernelSource {
+    KernelSource::new("attention_combine", &[COMBINE])
+        .define("HEAD_DIM", format!("{head_dim}u"))
+        .define("GROUP_HEADS", format!("{group_heads}u"))
+        .define("WG", format!("{DECODE_WG}u"))
 }
 
 fn prefill_source(head_dim: usize) -> KernelSource {
@@ -1055,6 +1135,8 @@ mod tests {
         let chunked = serial_group_heads(decode_group_heads(group), heads.head_dim);
         let variants = [
             DecodeVariant::Workgroups,
+            DecodeVariant::Split { key_span: 3 },
+            DecodeVariant::Split { key_span: 64 },
             DecodeVariant::Serial { group_heads: 1 },
             DecodeVariant::Serial { group_heads: chunked },
         ];
@@ -1453,6 +1535,8 @@ mod tests {
             for heads in &transforms {
                 for group_heads in 1..=DECODE_MAX_GROUP_HEADS {
                     sources.push(decode_source(heads, group_heads, DecodeVariant::Workgroups));
+                    sources.push(decode_source(heads, group_heads, DecodeVariant::Split { key_span: 64 }));
+                    sources.push(combine_source(head_dim, group_heads));
                     if serial_group_heads(group_heads, head_dim) == group_heads {
                         sources.push(decode_source(
                             heads,
