@@ -226,6 +226,107 @@ fn accumulate(
     }
 }
 
+#if TILED
+// TILED (GPUs, many batch rows): a workgroup of 256 invocations computes a tile of TILE_ROWS
+// weight rows x TILE_BATCH batch rows, each invocation a 4 x 4 block of it, so that each weight
+// is decoded once per 64 batch rows and each activation loaded once per 64 weight rows. The
+// columns are walked TILE_K at a time: invocations 0 .. 127 decode 8 weights each of the tile's
+// rows into workgroup memory, every invocation loads 4 activations (gated or normalised as
+// load_x and norm_scale4 give them, the squares summed for NORMED), and after a barrier each
+// adds up its 4 x 4 products over the TILE_K columns. No subgroup operations.
+const_assert WG_SIZE == 256u && THREADS_PER_ROW == 1u;
+const TILE_ROWS: u32 = 64u;
+const TILE_BATCH: u32 = 64u;
+const TILE_K: u32 = 16u;
+// [TILE_K, TILE_ROWS] decoded weights and [TILE_K, TILE_BATCH] activations, 4 to a vec4.
+var<workgroup> w_tile: array<vec4<f32>, TILE_K * TILE_ROWS / 4u>;
+var<workgroup> x_tile: array<vec4<f32>, TILE_K * TILE_BATCH / 4u>;
+#if NORMED
+// Each invocation's sum of squares of its batch row's activations (4 invocations a row).
+var<workgroup> square_sums: array<f32, WG_SIZE>;
+#endif
+
+@compute @workgroup_size(WG_SIZE)
+fn matmul(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    p = params;
+    let r_base = (wg.x + wg.y * groups.x) * TILE_ROWS;
+    let b_base = wg.z * TILE_BATCH;
+    // This invocation's block of the tile: rows 4 * row_quad .., batch rows 4 * batch_quad ...
+    let row_quad = lane % 16u;
+    let batch_quad = lane / 16u;
+    // What it decodes (lanes below 128: a row, and which 8 of the TILE_K columns) and loads (a
+    // batch row, and which 4 of the columns).
+    let decode_row = lane / 2u;
+    let decode_half = lane % 2u;
+    let row = WeightRow(min(r_base + decode_row, p.rows - 1u) * p.row_words, p.blocks);
+    let load_b = lane / 4u;
+    let load_c = lane % 4u;
+    let x_row = min(b_base + load_b, p.batch - 1u) * (p.cols / 4u);
+
+    var squares = 0.0;
+    // acc[j]: batch row 4 * batch_quad + j against the block's 4 rows.
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < p.cols; k0 += TILE_K) {
+        if lane < 128u {
+            let g = k0 / 8u + decode_half;
+            var w = Weights8(vec4<f32>(0.0), vec4<f32>(0.0));
+            if g < p.cols / 8u {
+                w = decode8(row, g * 8u);
+            }
+            for (var e = 0u; e < 4u; e++) {
+                w_tile[(decode_half * 8u + e) * (TILE_ROWS / 4u) + decode_row / 4u][decode_row % 4u] = w.lo[e];
+                w_tile[(decode_half * 8u + 4u + e) * (TILE_ROWS / 4u) + decode_row / 4u][decode_row % 4u] = w.hi[e];
+            }
+        }
+        let c4 = k0 / 4u + load_c;
+        var xv = vec4<f32>(0.0);
+        if c4 < p.cols / 4u {
+            let raw = load_x(x_row + c4);
+#if NORMED
+            squares += dot(raw, raw);
+#endif
+            xv = raw * norm_scale4(c4);
+        }
+        for (var e = 0u; e < 4u; e++) {
+            x_tile[(load_c * 4u + e) * (TILE_BATCH / 4u) + load_b / 4u][load_b % 4u] = xv[e];
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < TILE_K; k++) {
+            let w4 = w_tile[k * (TILE_ROWS / 4u) + row_quad];
+            let x4 = x_tile[k * (TILE_BATCH / 4u) + batch_quad];
+            acc[0] += w4 * x4.x;
+            acc[1] += w4 * x4.y;
+            acc[2] += w4 * x4.z;
+            acc[3] += w4 * x4.w;
+        }
+        workgroupBarrier();
+    }
+#if NORMED
+    square_sums[lane] = squares;
+    workgroupBarrier();
+#endif
+    for (var j = 0u; j < 4u; j++) {
+        let b = 4u * batch_quad + j;
+#if NORMED
+        let sum = square_sums[4u * b] + square_sums[4u * b + 1u] + square_sums[4u * b + 2u]
+            + square_sums[4u * b + 3u];
+        let inv_rms = inverseSqrt(sum / f32(p.cols) + p.eps);
+#else
+        let inv_rms = 1.0;
+#endif
+        for (var i = 0u; i < 4u; i++) {
+            let r = r_base + 4u * row_quad + i;
+            if b_base + b < p.batch && r < p.rows {
+                store(b_base + b, p.first_row + r, acc[j][i] * inv_rms);
+            }
+        }
+    }
+}
+#else
 @compute @workgroup_size(WG_SIZE)
 fn matmul(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -319,3 +420,4 @@ fn matmul(
         }
     }
 }
+#endif

@@ -55,7 +55,31 @@ struct Variant {
     /// them to all (needs subgroups of at least 8 invocations and `threads_per_row` 1, so that
     /// a whole subgroup reads the same activations).
     x_broadcast: bool,
+    /// The tiled matrix × matrix kernel (TILED in matmul.wgsl): a workgroup of 256 shares
+    /// decoded weights and activations through workgroup memory for a [`TILED_ROWS`] ×
+    /// `batch_tile` block of the output. The other fields are ignored but `wg_size` (256).
+    tiled: bool,
 }
+
+/// GPUs take the tiled kernel from this many batch rows on, when the product has at least
+/// [`TILED_MIN_BLOCKS`] blocks of 64 × 64.
+const TILED_MIN_BATCH: usize = 192;
+/// See [`TILED_MIN_BATCH`].
+const TILED_MIN_BLOCKS: usize = 64;
+
+/// Weight rows of the tiled kernel's output block.
+const TILED_ROWS: u32 = 64;
+
+/// The tiled kernel for GPUs at large batches: 64 weight rows × 64 batch rows a workgroup.
+const TILED: Variant = Variant {
+    wg_size: 256,
+    threads_per_row: 1,
+    row_tile: 1,
+    batch_tile: 64,
+    reduce: Reduce::None,
+    x_broadcast: false,
+    tiled: true,
+};
 
 /// How much code a type's block decoder is, which bounds the tile a CPU device runs well.
 #[derive(Clone, Copy)]
@@ -105,8 +129,13 @@ impl Variant {
     /// 1 × 4 and 4 × 16 (the best of a sweep of each type on 1536 × 768 at batch 1 and 16).
     /// GPUs want many invocations per row for coalesced loads: 32 (a warp on NVIDIA, within
     /// every subgroup size but Intel's and WARP's, hence the min), added by subgroup shuffles
-    /// where available; their tiles stay at one row and at most 8 batch rows.
-    fn choose(ctx: &GpuContext, quant: QuantType, batch: usize) -> Self {
+    /// where available, with tiles of one row and 1 batch row up to 4, 4 beyond; from 5 batch
+    /// rows on, rows shorter than 1024 columns take 8 invocations each (more rows a workgroup).
+    /// Products large enough to fill a big GPU with 64 × 64 blocks take the tiled kernel. All
+    /// from a sweep on an NVIDIA H200 (`timing_sweep`, SmolLM2's 1536 × 576 and 576 × 1536 Q4_1
+    /// products at batch 1 to 256): at 256 batch rows 1536 × 576 took 77 µs tiled against 113
+    /// untiled, but 576 × 1536 (36 blocks) 191 against 112; at 64 the untiled 37 µs beat 76.
+    fn choose(ctx: &GpuContext, quant: QuantType, rows: usize, cols: usize, batch: usize) -> Self {
         let batch_tile = match batch {
             1 => 1,
             2..=4 => 4,
@@ -136,10 +165,17 @@ impl Variant {
                 batch_tile,
                 reduce: Reduce::None,
                 x_broadcast,
+                tiled: false,
             }
+        } else if batch >= TILED_MIN_BATCH
+            && rows.div_ceil(TILED_ROWS as usize) * batch.div_ceil(TILED.batch_tile as usize)
+                >= TILED_MIN_BLOCKS
+        {
+            TILED
         } else if ctx.features().subgroups {
-            let threads_per_row = info.subgroup_min_size.clamp(1, 32).next_power_of_two();
-            let batch_tile = batch_tile.min(8);
+            let widest = info.subgroup_min_size.clamp(1, 32).next_power_of_two();
+            let threads_per_row = if batch > 4 && cols < 1024 { widest.min(8) } else { widest };
+            let batch_tile = if batch <= 4 { 1 } else { 4 };
             Variant {
                 wg_size: 128,
                 threads_per_row,
@@ -147,6 +183,7 @@ impl Variant {
                 batch_tile,
                 reduce: Reduce::Subgroup,
                 x_broadcast: false,
+                tiled: false,
             }
         } else {
             let batch_tile = batch_tile.min(8);
@@ -157,12 +194,13 @@ impl Variant {
                 batch_tile,
                 reduce: Reduce::Shared,
                 x_broadcast: false,
+                tiled: false,
             }
         }
     }
 
     fn rows_per_workgroup(self) -> u32 {
-        self.wg_size / self.threads_per_row * self.row_tile
+        if self.tiled { TILED_ROWS } else { self.wg_size / self.threads_per_row * self.row_tile }
     }
 
     fn source(self, quant: QuantType, textures: bool, input: Input, outputs: Outputs) -> KernelSource {
@@ -187,6 +225,7 @@ impl Variant {
             .define("BATCH_TILE", format!("{}u", self.batch_tile))
             .define("SUBGROUP_REDUCE", self.reduce == Reduce::Subgroup)
             .define("SHARED_REDUCE", self.reduce == Reduce::Shared)
+            .define("TILED", self.tiled)
             .define("X_BROADCAST", self.x_broadcast)
             .define("WIDE", self.threads_per_row == 1)
     }
@@ -351,7 +390,8 @@ fn run(
     variant: Option<Variant>,
 ) -> Result<()> {
     let batch = batch_rows(weight, input, outputs)?;
-    let variant = variant.unwrap_or_else(|| Variant::choose(ctx, weight.quant(), batch));
+    let variant =
+        variant.unwrap_or_else(|| Variant::choose(ctx, weight.quant(), weight.rows(), weight.cols(), batch));
     record(ctx, encoder, weight, input, outputs, batch, variant)
 }
 
@@ -461,7 +501,8 @@ mod tests {
     /// Every variant a test forces: the devices' own choices come on top. TPR 4 and 8 with
     /// subgroup shuffles and the activation broadcast fit lavapipe's subgroups of 8. Row tiles
     /// of 3 and 8 leave partial tiles on every test shape.
-    const FORCED: [Variant; 8] = [
+    const FORCED: [Variant; 9] = [
+        TILED,
         Variant {
             wg_size: 64,
             threads_per_row: 1,
@@ -469,6 +510,7 @@ mod tests {
             batch_tile: 8,
             reduce: Reduce::None,
             x_broadcast: false,
+            tiled: false,
         },
         Variant {
             wg_size: 32,
@@ -477,6 +519,7 @@ mod tests {
             batch_tile: 4,
             reduce: Reduce::Shared,
             x_broadcast: false,
+            tiled: false,
         },
         Variant {
             wg_size: 128,
@@ -485,6 +528,7 @@ mod tests {
             batch_tile: 8,
             reduce: Reduce::Shared,
             x_broadcast: false,
+            tiled: false,
         },
         Variant {
             wg_size: 64,
@@ -493,6 +537,7 @@ mod tests {
             batch_tile: 4,
             reduce: Reduce::Subgroup,
             x_broadcast: false,
+            tiled: false,
         },
         Variant {
             wg_size: 64,
@@ -501,6 +546,7 @@ mod tests {
             batch_tile: 16,
             reduce: Reduce::None,
             x_broadcast: false,
+            tiled: false,
         },
         Variant {
             wg_size: 16,
@@ -509,6 +555,7 @@ mod tests {
             batch_tile: 4,
             reduce: Reduce::None,
             x_broadcast: true,
+            tiled: false,
         },
         Variant {
             wg_size: 64,
@@ -517,6 +564,7 @@ mod tests {
             batch_tile: 16,
             reduce: Reduce::None,
             x_broadcast: true,
+            tiled: false,
         },
         Variant {
             wg_size: 32,
@@ -525,6 +573,7 @@ mod tests {
             batch_tile: 8,
             reduce: Reduce::None,
             x_broadcast: true,
+            tiled: false,
         },
     ];
 
@@ -631,7 +680,9 @@ mod tests {
             if (variant.reduce == Reduce::Subgroup || variant.x_broadcast) && !ctx.features().subgroups {
                 continue;
             }
-            for (rows, batch) in [(7, 1), (67, 17)] {
+            // The tiled kernel also over more than one block of 64 x 64.
+            let more = variant.tiled.then_some((130, 70));
+            for (rows, batch) in [(7, 1), (67, 17)].into_iter().chain(more) {
                 check(ctx, quant, rows, cols, batch, u64::MAX, Some(variant), &mut rng);
             }
         }
@@ -929,6 +980,7 @@ mod tests {
                         batch_tile,
                         reduce: Reduce::None,
                         x_broadcast,
+                        tiled: false,
                     });
                 }
                 for threads_per_row in [4, 8, 16, 32] {
@@ -939,6 +991,7 @@ mod tests {
                         batch_tile,
                         reduce: Reduce::Subgroup,
                         x_broadcast: false,
+                        tiled: false,
                     });
                 }
                 variants.push(Variant {
@@ -948,6 +1001,7 @@ mod tests {
                     batch_tile,
                     reduce: Reduce::Shared,
                     x_broadcast: false,
+                    tiled: false,
                 });
             }
             for (variant, textures) in variants.into_iter().flat_map(|v| [(v, false), (v, true)]) {
@@ -986,7 +1040,7 @@ mod tests {
                 let x =
                     Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap();
                 let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
-                let variant = Variant::choose(ctx, quant, batch);
+                let variant = Variant::choose(ctx, quant, rows, cols, batch);
                 let run = |reps: usize| {
                     let mut encoder = ctx.encoder("timing");
                     for _ in 0..reps {
@@ -1012,6 +1066,112 @@ mod tests {
                 let gflops = 2.0 * (rows * cols * batch) as f64 / ms / 1e6;
                 eprintln!(
                     "{path}: {quant} {rows}x{cols} batch {batch}: {ms:.2} ms ({gflops:.1} GFLOP/s), {variant:?}"
+                );
+            }
+        }
+    }
+
+    /// Times, with GPU timestamps, the matmul variants a GPU could take on SmolLM2's and gemma3's
+    /// product shapes at batch sizes from decode to prefill, and prints a table (the medians of
+    /// 9 dispatches): what `Variant::choose` for GPUs is set from. Needs timestamp queries. Run
+    /// on the GPU with `cargo test --release -p flint-core --lib
+    /// kernels::matmul::tests::timing_sweep -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing print for GPUs, run by hand in a release build"]
+    fn timing_sweep() {
+        let ctx = gpu();
+        if !ctx.features().timestamps {
+            eprintln!("{}: no timestamp queries, nothing timed", ctx.adapter_info().name);
+            return;
+        }
+        let mut rng = Rng::new("matmul timing sweep");
+        let shapes = [
+            (QuantType::Q4_1, 1536, 576),
+            (QuantType::Q4_1, 576, 1536),
+            (QuantType::Q4K, 640, 2048),
+            (QuantType::Q8_0, 49152, 576),
+        ];
+        eprintln!("{}: median of 9 dispatches, GPU timestamps", ctx.adapter_info().name);
+        for (quant, rows, cols) in shapes {
+            let bytes = random_rows(quant, rows, cols, &mut rng);
+            let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+            for batch in [1, 4, 8, 16, 32, 64, 128, 256] {
+                let x =
+                    Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap();
+                let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+                let mut variants = vec![TILED];
+                for threads_per_row in [8, 32] {
+                    for row_tile in [1, 2, 4] {
+                        for batch_tile in
+                            [1u32, 4, 8, 16].into_iter().filter(|&t| t as usize <= batch.next_power_of_two())
+                        {
+                            variants.push(Variant {
+                                wg_size: 128,
+                                threads_per_row,
+                                row_tile,
+                                batch_tile,
+                                reduce: Reduce::Subgroup,
+                                x_broadcast: false,
+                                tiled: false,
+                            });
+                        }
+                    }
+                }
+                let chosen = Variant::choose(ctx, quant, rows, cols, batch);
+                let mut times: Vec<(f64, Variant)> = Vec::new();
+                for variant in variants {
+                    let time = || -> Result<f64> {
+                        let mut encoder = ctx.encoder("timing");
+                        record(
+                            ctx,
+                            &mut encoder,
+                            &weight,
+                            Input::Plain(&x),
+                            Outputs::One(&y),
+                            batch,
+                            variant,
+                        )?;
+                        ctx.submit(encoder)?;
+                        ctx.start_profile(9)?;
+                        let mut encoder = ctx.encoder("timing");
+                        for _ in 0..9 {
+                            record(
+                                ctx,
+                                &mut encoder,
+                                &weight,
+                                Input::Plain(&x),
+                                Outputs::One(&y),
+                                batch,
+                                variant,
+                            )?;
+                        }
+                        ctx.submit(encoder)?;
+                        let mut seconds: Vec<f64> =
+                            pollster::block_on(ctx.finish_profile())?.iter().map(|t| t.seconds).collect();
+                        seconds.sort_by(f64::total_cmp);
+                        Ok(seconds[seconds.len() / 2])
+                    };
+                    match time() {
+                        Ok(seconds) => times.push((seconds, variant)),
+                        Err(e) => eprintln!("  {variant:?}: {e}"),
+                    }
+                }
+                times.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let describe = |(seconds, v): &(f64, Variant)| {
+                    let gflops = 2.0 * (rows * cols * batch) as f64 / seconds / 1e9;
+                    let shape = if v.tiled {
+                        "tiled 64x64".to_string()
+                    } else {
+                        format!("tpr {} rows {} batch {}", v.threads_per_row, v.row_tile, v.batch_tile)
+                    };
+                    format!("{:.1} us {shape} ({gflops:.0} GFLOP/s)", seconds * 1e6)
+                };
+                let chosen_time = times.iter().find(|(_, v)| *v == chosen).map(describe);
+                let best: Vec<String> = times.iter().take(3).map(describe).collect();
+                eprintln!(
+                    "{quant} {rows}x{cols} batch {batch}: best {}; chosen {}",
+                    best.join(", "),
+                    chosen_time.unwrap_or_else(|| format!("{chosen:?}, not in the sweep"))
                 );
             }
         }
