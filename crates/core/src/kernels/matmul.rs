@@ -63,7 +63,11 @@ struct Variant {
 
 /// GPUs take the tiled kernel from this many batch rows on, when the product has at least
 /// [`TILED_MIN_BLOCKS`] blocks of 64 × 64.
-const TILED_MIN_BATCH: usize = 192;
+const TILED_MIN_BATCH: usize = 32;
+/// A GPU product with this many rows has workgroups enough at any batch: tiles of 4 batch rows
+/// from 2 on, and 8 invocations a row where rows are short (an LM head: SmolLM2's 49152 × 576
+/// Q8_0 at batch 4 took 59 µs so against 137 with 32 invocations and one batch row).
+const GPU_MANY_ROWS: usize = 8192;
 /// See [`TILED_MIN_BATCH`].
 const TILED_MIN_BLOCKS: usize = 64;
 
@@ -129,12 +133,15 @@ impl Variant {
     /// 1 × 4 and 4 × 16 (the best of a sweep of each type on 1536 × 768 at batch 1 and 16).
     /// GPUs want many invocations per row for coalesced loads: 32 (a warp on NVIDIA, within
     /// every subgroup size but Intel's and WARP's, hence the min), added by subgroup shuffles
-    /// where available, with tiles of one row and 1 batch row up to 4, 4 beyond; from 5 batch
-    /// rows on, rows shorter than 1024 columns take 8 invocations each (more rows a workgroup).
-    /// Products large enough to fill a big GPU with 64 × 64 blocks take the tiled kernel. All
-    /// from a sweep on an NVIDIA H200 (`timing_sweep`, SmolLM2's 1536 × 576 and 576 × 1536 Q4_1
-    /// products at batch 1 to 256): at 256 batch rows 1536 × 576 took 77 µs tiled against 113
-    /// untiled, but 576 × 1536 (36 blocks) 191 against 112; at 64 the untiled 37 µs beat 76.
+    /// where available, with tiles of one row and 1 batch row up to 8, 4 beyond (from 2 on for
+    /// products of [`GPU_MANY_ROWS`]); rows shorter than 1024 columns take 8 invocations each
+    /// (more rows a workgroup) with more than one batch row, or many rows. Products with 32+
+    /// batch rows and 64+ blocks of 64 × 64 take the tiled kernel. All from a sweep on an NVIDIA
+    /// H200 (`timing_sweep`: SmolLM2's 1536 × 576 and 576 × 1536 Q4_1 products, a 640 × 2048
+    /// Q4_K and the 49152 × 576 Q8_0 LM head, at batch 1 to 256), where each choice was the
+    /// fastest or within 15% of it (but the Q4_K at 256 batch rows, 23%): at 256 batch rows
+    /// 1536 × 576 took 77 µs tiled against 113 untiled, but 576 × 1536 (36 blocks) 191 against
+    /// 112; the LM head at 64 batch rows 239 µs tiled against 788.
     fn choose(ctx: &GpuContext, quant: QuantType, rows: usize, cols: usize, batch: usize) -> Self {
         let batch_tile = match batch {
             1 => 1,
@@ -174,8 +181,10 @@ impl Variant {
             TILED
         } else if ctx.features().subgroups {
             let widest = info.subgroup_min_size.clamp(1, 32).next_power_of_two();
-            let threads_per_row = if batch > 4 && cols < 1024 { widest.min(8) } else { widest };
-            let batch_tile = if batch <= 4 { 1 } else { 4 };
+            let many_rows = rows >= GPU_MANY_ROWS;
+            let threads_per_row =
+                if cols < 1024 && (batch > 1 || many_rows) { widest.min(8) } else { widest };
+            let batch_tile = if batch > 1 && (batch > 8 || many_rows) { 4 } else { 1 };
             Variant {
                 wg_size: 128,
                 threads_per_row,
