@@ -550,13 +550,20 @@ fn decode_as(
     if n_seqs == 0 {
         return Ok(());
     }
-    let group_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
-    let groups = n_seqs * n_heads / group_heads;
+    let chunk_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
     let key_capacity = max_blocks * geometry.block_size;
-    let variant = variant
-        .unwrap_or_else(|| DecodeVariant::choose(ctx, groups, group_heads, geometry.head_dim, key_capacity));
+    let variant = variant.unwrap_or_else(|| {
+        DecodeVariant::choose(
+            ctx,
+            n_seqs * n_heads / chunk_heads,
+            chunk_heads,
+            geometry.head_dim,
+            key_capacity,
+        )
+    });
+    // The serial variant may serve fewer heads at a time than a chunk.
     let (group_heads, invocations_per_workgroup) = match variant {
-        DecodeVariant::Workgroups | DecodeVariant::Split { .. } => (group_heads, 1),
+        DecodeVariant::Workgroups | DecodeVariant::Split { .. } => (chunk_heads, 1),
         DecodeVariant::Serial { group_heads } => (group_heads, DECODE_SERIAL_WG as usize),
     };
     let source = decode_source(heads, group_heads, variant);
