@@ -293,12 +293,13 @@ fn attention_decode(
     @builtin(local_invocation_index) lane: u32,
 ) {
     let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
+    let workgroup = wg.x + wg.y * groups.x;
 #if SPLIT
-    let group = (wg.x + wg.y * groups.x) / params.splits;
-    let split = (wg.x + wg.y * groups.x) % params.splits;
+    let group = workgroup / params.splits;
+    let split = workgroup % params.splits;
     let stores_new_key = group % chunks == 0u && split == 0u;
 #else
-    let group = wg.x + wg.y * groups.x;
+    let group = workgroup;
     let stores_new_key = group % chunks == 0u;
 #endif
     if group >= params.n_rows * params.n_kv_heads * chunks {

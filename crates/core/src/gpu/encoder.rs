@@ -5,9 +5,9 @@
 //! the GPU ran 4.6: recorded one pass and one parameter buffer a dispatch, every buffer was a
 //! driver allocation plus, written at creation, a staging buffer and a copy. Here parameters go
 //! into blocks of one buffer, written once when the encoder is submitted, and dispatches share a
-//! pass until something else (a copy) is recorded: decode went from 83 to 129 tok/s there. Within a pass wgpu still
-//! puts a barrier between two dispatches where the second reads what the first wrote: each
-//! dispatch is its own usage scope.
+//! pass until something else (a copy) is recorded: decode went from 83 to 129 tok/s there.
+//! Within a pass wgpu still puts a barrier between two dispatches where the second reads what
+//! the first wrote: each dispatch is its own usage scope.
 
 use std::num::NonZeroU64;
 
@@ -80,8 +80,9 @@ impl Encoder {
         let bytes = bytemuck::bytes_of(data);
         // WGSL structs are sized in multiples of 16 bytes; a binding may not be empty.
         let size = (bytes.len() as u64).next_multiple_of(16).max(16);
+        let alignment = self.alignment;
         let fits = |block: &ParamsBlock| {
-            (block.bytes.len() as u64).next_multiple_of(self.alignment) + size <= block.buffer.size()
+            (block.bytes.len() as u64).next_multiple_of(alignment) + size <= block.buffer.size()
         };
         if self.params.last().is_none_or(|block| !fits(block)) {
             let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
@@ -94,7 +95,6 @@ impl Encoder {
             });
             self.params.push(ParamsBlock { buffer, bytes: Vec::new() });
         }
-        let alignment = self.alignment;
         let last = self.params.len() - 1;
         let block = &mut self.params[last];
         let offset = (block.bytes.len() as u64).next_multiple_of(alignment);

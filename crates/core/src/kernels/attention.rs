@@ -568,19 +568,16 @@ fn decode_as(
     };
     let source = decode_source(heads, group_heads, variant);
     let groups = n_seqs * n_heads / group_heads;
-    let splits = match variant {
-        DecodeVariant::Split { key_span } => key_capacity.div_ceil(key_span).max(1),
-        _ => 1,
-    };
     // Split: the partial results go to a buffer of their own, and a second pass combines them.
-    let partials = match variant {
+    let (splits, partials) = match variant {
         DecodeVariant::Split { key_span } => {
+            let splits = key_capacity.div_ceil(key_span).max(1);
             params.key_span = key_span as u32;
             params.splits = splits as u32;
             let floats = groups * splits * group_heads * (geometry.head_dim + 4);
-            Some(Tensor::empty(ctx, "attention partials", &[floats])?)
+            (splits, Some(Tensor::empty(ctx, "attention partials", &[floats])?))
         }
-        _ => None,
+        _ => (1, None),
     };
     let params = encoder.params(ctx, &params);
     let workgroups = (groups * splits).div_ceil(invocations_per_workgroup);

@@ -61,13 +61,14 @@ struct Variant {
     tiled: bool,
 }
 
+/// A GPU product with this many rows has workgroups enough at any batch: tiles of 4 batch rows
+/// from 2 on, and 8 invocations a row where rows are short (an LM head: SmolLM2's 49152 × 576
+/// Q8_0 at batch 4 took 59 µs so, against 137 with 32 invocations and one batch row).
+const GPU_MANY_ROWS: usize = 8192;
+
 /// GPUs take the tiled kernel from this many batch rows on, when the product has at least
 /// [`TILED_MIN_BLOCKS`] blocks of 64 × 64.
 const TILED_MIN_BATCH: usize = 32;
-/// A GPU product with this many rows has workgroups enough at any batch: tiles of 4 batch rows
-/// from 2 on, and 8 invocations a row where rows are short (an LM head: SmolLM2's 49152 × 576
-/// Q8_0 at batch 4 took 59 µs so against 137 with 32 invocations and one batch row).
-const GPU_MANY_ROWS: usize = 8192;
 /// See [`TILED_MIN_BATCH`].
 const TILED_MIN_BLOCKS: usize = 64;
 
@@ -143,12 +144,6 @@ impl Variant {
     /// 1536 × 576 took 77 µs tiled against 113 untiled, but 576 × 1536 (36 blocks) 191 against
     /// 112; the LM head at 64 batch rows 239 µs tiled against 788.
     fn choose(ctx: &GpuContext, quant: QuantType, rows: usize, cols: usize, batch: usize) -> Self {
-        let batch_tile = match batch {
-            1 => 1,
-            2..=4 => 4,
-            5..=8 => 8,
-            _ => 16,
-        };
         let info = ctx.adapter_info();
         if info.device_type == wgpu::DeviceType::Cpu {
             let x_broadcast = ctx.features().subgroups && info.subgroup_min_size >= 8;
@@ -195,7 +190,11 @@ impl Variant {
                 tiled: false,
             }
         } else {
-            let batch_tile = batch_tile.min(8);
+            let batch_tile = match batch {
+                1 => 1,
+                2..=4 => 4,
+                _ => 8,
+            };
             Variant {
                 wg_size: 128,
                 threads_per_row: 32,
@@ -294,7 +293,7 @@ impl<'a> Outputs<'a> {
 /// Records `y[b, r] = Σ_k weight[r, k] · x[b, k]`: x is `[.., cols]`, y is `[.., rows]` with
 /// the same number of batch rows (all leading dimensions together). Batch 1 is a matrix ×
 /// vector product; larger batches (prefill, batched decode) reuse each decoded weight for up
-/// to 16 batch rows. One dispatch per chunk of the weight.
+/// to 16 batch rows (64 in GPUs' tiled kernel). One dispatch per chunk of the weight.
 pub fn matmul(
     ctx: &GpuContext,
     encoder: &mut Encoder,
@@ -833,12 +832,17 @@ mod tests {
     }
 
     /// Stacked weights of two and three parts, split into chunks that straddle the parts, each
-    /// part's rows in its own output; and products added to what the output held.
+    /// part's rows in its own output; and products added to what the output held. Through the
+    /// device's own variant and the tiled kernel.
     #[test]
     fn split_and_added_outputs_match_reference() {
         let mut rng = Rng::new("matmul split outputs");
         let ctx = gpu();
-        for quant in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q6K] {
+        // The device's own variant, and the tiled kernel that GPUs take at large batches.
+        for (quant, variant) in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q6K]
+            .into_iter()
+            .flat_map(|quant| [(quant, None), (quant, Some(TILED))])
+        {
             let cols = test_cols(quant);
             for part_rows in [&[5usize, 19][..], &[33, 7, 7]] {
                 for (batch, max_chunk_bytes) in
@@ -855,13 +859,14 @@ mod tests {
                         part_rows.iter().map(|&r| Tensor::empty(ctx, "y", &[batch, r]).unwrap()).collect();
                     ys.iter().for_each(|y| y.fill_bits(ctx, POISON));
                     let mut encoder = ctx.encoder("test");
-                    matmul_split(ctx, &mut encoder, &weight, &x_gpu, &ys.iter().collect::<Vec<_>>()).unwrap();
+                    let outputs = split_outputs(&ys.iter().collect::<Vec<_>>()).unwrap();
+                    run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), outputs, variant).unwrap();
                     ctx.submit(encoder).unwrap();
                     for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
                         let got = pollster::block_on(y.to_f32(ctx)).unwrap();
                         let (expected, magnitude) = reference(quant, part_rows[p], cols, bytes, &x);
                         let what = format!(
-                            "{quant} parts {part_rows:?} part {p}, batch {batch}, {} chunks",
+                            "{quant} parts {part_rows:?} part {p}, batch {batch}, {} chunks, {variant:?}",
                             weight.chunk_count()
                         );
                         assert_dot_close(&what, &got, &expected, &magnitude);
@@ -895,20 +900,21 @@ mod tests {
                 y.fill_bits(ctx, POISON);
                 let mut encoder = ctx.encoder("test");
                 let input = GatedInput { activation, gate: &gate_gpu, up: &up_gpu };
-                matmul_gated(ctx, &mut encoder, &weight, &input, &y).unwrap();
+                run(ctx, &mut encoder, &weight, Input::Gated(input), Outputs::One(&y), variant).unwrap();
                 ctx.submit(encoder).unwrap();
                 let got = pollster::block_on(y.to_f32(ctx)).unwrap();
                 let (expected, magnitude) = reference(quant, rows, cols, &bytes, &x);
-                assert_dot_close(&format!("{quant} gated {activation:?}"), &got, &expected, &magnitude);
+                let what = format!("{quant} gated {activation:?}, {variant:?}");
+                assert_dot_close(&what, &got, &expected, &magnitude);
 
                 let before = rng.f32s(batch * rows, -4.0, 4.0);
                 let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
                 let mut encoder = ctx.encoder("test");
-                matmul_gated_add(ctx, &mut encoder, &weight, &input, &y).unwrap();
+                run(ctx, &mut encoder, &weight, Input::Gated(input), Outputs::AddTo(&y), variant).unwrap();
                 ctx.submit(encoder).unwrap();
                 let got = pollster::block_on(y.to_f32(ctx)).unwrap();
                 let (expected, magnitude) = added(&expected, &magnitude, &before);
-                assert_dot_close(&format!("{quant} gated {activation:?} added"), &got, &expected, &magnitude);
+                assert_dot_close(&format!("{what} added"), &got, &expected, &magnitude);
             }
 
             // y += x·Wᵀ.
@@ -919,12 +925,12 @@ mod tests {
             let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
             let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
             let mut encoder = ctx.encoder("test");
-            matmul_add(ctx, &mut encoder, &weight, &x_gpu, &y).unwrap();
+            run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), Outputs::AddTo(&y), variant).unwrap();
             ctx.submit(encoder).unwrap();
             let got = pollster::block_on(y.to_f32(ctx)).unwrap();
             let (product, magnitude) = reference(quant, rows, cols, &bytes, &x);
             let (expected, magnitude) = added(&product, &magnitude, &before);
-            assert_dot_close(&format!("{quant} added"), &got, &expected, &magnitude);
+            assert_dot_close(&format!("{quant} added, {variant:?}"), &got, &expected, &magnitude);
         }
     }
 
@@ -1129,32 +1135,18 @@ mod tests {
                 let chosen = Variant::choose(ctx, quant, rows, cols, batch);
                 let mut times: Vec<(f64, Variant)> = Vec::new();
                 for variant in variants {
-                    let time = || -> Result<f64> {
+                    let record_times = |times: usize| -> Result<()> {
                         let mut encoder = ctx.encoder("timing");
-                        record(
-                            ctx,
-                            &mut encoder,
-                            &weight,
-                            Input::Plain(&x),
-                            Outputs::One(&y),
-                            batch,
-                            variant,
-                        )?;
-                        ctx.submit(encoder)?;
-                        ctx.start_profile(9)?;
-                        let mut encoder = ctx.encoder("timing");
-                        for _ in 0..9 {
-                            record(
-                                ctx,
-                                &mut encoder,
-                                &weight,
-                                Input::Plain(&x),
-                                Outputs::One(&y),
-                                batch,
-                                variant,
-                            )?;
+                        for _ in 0..times {
+                            let (input, outputs) = (Input::Plain(&x), Outputs::One(&y));
+                            record(ctx, &mut encoder, &weight, input, outputs, batch, variant)?;
                         }
-                        ctx.submit(encoder)?;
+                        ctx.submit(encoder)
+                    };
+                    let time = || -> Result<f64> {
+                        record_times(1)?;
+                        ctx.start_profile(9)?;
+                        record_times(9)?;
                         let mut seconds: Vec<f64> =
                             pollster::block_on(ctx.finish_profile())?.iter().map(|t| t.seconds).collect();
                         seconds.sort_by(f64::total_cmp);
