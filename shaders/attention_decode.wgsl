@@ -26,7 +26,7 @@
 // (and the new token, past the row, is neither seen nor stored).
 // Defines: HEAD_DIM, ROT_PAIRS, NEOX, HEAD_NORMS, WG, GROUP_HEADS (a divisor of
 // n_heads / n_kv_heads).
-// Bounds: HEAD_DIM a multiple of 4 and at most 4 * WG.
+// Bounds: HEAD_DIM a multiple of 4, and (but SERIAL) at most 4 * WG.
 //
 // SPLIT (flash-decoding, for GPUs when the (sequence, kv head, chunk) groups are too few to fill
 // the device): each group's keys are cut into spans of params.key_span, one workgroup per span
@@ -36,13 +36,14 @@
 // HEAD_VEC4S] vec4s, then per (group, split, head) a vec4 (maximum, sum, 0, 0). Only split 0
 // stores the new key and value.
 //
-// SERIAL (for CPU devices such as lavapipe, where invocations are SIMD lanes of one thread and
-// barriers and workgroup memory are costly): one invocation per (sequence, kv head, chunk of
-// GROUP_HEADS query heads), linear index wg.x + wg.y * num_workgroups.x times WG plus the lane,
-// prepares its heads and the new key in private memory and walks the sequence's cached keys
-// alone, then the new one, loading each key and value once for the chunk's heads, each head with
-// its own online softmax; no workgroup memory, no barrier. The loop over cached keys has no
-// branch for the new key: on lavapipe one made decode attention half as slow again.
+// SERIAL (for CPU devices such as lavapipe, where invocations are SIMD lanes of one thread, and
+// a private array indexed in a loop too long to unroll lives in memory, indexed per lane): WG
+// lanes per (sequence, kv head, chunk), which must lie in one subgroup. The heads are prepared
+// as above; then each lane keeps only its vec4s of them, lane, lane + WG, ..., and the keys are
+// walked one at a time by all lanes together: each lane loads its vec4s of the key and the
+// value, a subgroupAdd makes the scores, and the online softmax (the same in every lane) has no
+// branch and no barrier. The loop over cached keys has no branch for the new key, which comes
+// after it: on lavapipe one made decode attention half as slow again.
 
 // Per rotated pair its turn (rope_common.wgsl), then with HEAD_NORMS the norms' weights (with
 // their convention applied: w, or 1 + w) and eps. Built once per layer. A uniform, because the
@@ -124,197 +125,39 @@ fn new_vec4_index(seq: u32, kv_head: u32) -> u32 {
 }
 
 #if SERIAL
-// Scores key `k` against each of the chunk's queries and moves each head's online softmax on
-// to it: rescales the head's accumulator and sum when its maximum moves; returns the key's
-// weight for each head.
-fn score_key(
-    query: ptr<function, array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>>,
-    k: ptr<function, array<vec4<f32>, HEAD_VEC4S>>,
-    acc: ptr<function, array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>>,
-    running_max: ptr<function, array<f32, GROUP_HEADS>>,
-    sum: ptr<function, array<f32, GROUP_HEADS>>,
-) -> array<f32, GROUP_HEADS> {
-    var p: array<f32, GROUP_HEADS>;
-    for (var h = 0u; h < GROUP_HEADS; h++) {
-        var score = 0.0;
-        for (var i = 0u; i < HEAD_VEC4S; i++) {
-            score += dot((*query)[h * HEAD_VEC4S + i], (*k)[i]);
-        }
-        score = soft_cap(score);
-        // Rescale only when the maximum moves, which after the first keys is rare.
-        if score > (*running_max)[h] {
-            let rescale = exp((*running_max)[h] - score);
-            (*sum)[h] *= rescale;
-            for (var i = 0u; i < HEAD_VEC4S; i++) {
-                (*acc)[h * HEAD_VEC4S + i] *= rescale;
-            }
-            (*running_max)[h] = score;
-        }
-        p[h] = exp(score - (*running_max)[h]);
-        (*sum)[h] += p[h];
-    }
-    return p;
-}
-
-@compute @workgroup_size(WG)
-fn attention_decode(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) lane: u32,
-) {
-    let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
-    let group = (wg.x + wg.y * groups.x) * WG + lane;
-    if group >= params.n_rows * params.n_kv_heads * chunks {
-        return;
-    }
-    let seq = group / (params.n_kv_heads * chunks);
-    let kv_head = group / chunks % params.n_kv_heads;
-    // Query row (seq, head) of the chunk's first head: the heads of a chunk are consecutive.
-    let first_row = seq * params.n_heads + kv_head * (params.n_heads / params.n_kv_heads)
-        + group % chunks * GROUP_HEADS;
-    let context_len = context_lens[seq];
-    // With no context, past every key.
-    let position = context_len - 1u;
-    let new_row = new_vec4_index(seq, kv_head);
-
-    var query: array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>;
-    var new_key: array<vec4<f32>, HEAD_VEC4S>;
-    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
-        query[e] = q[first_row * HEAD_VEC4S + e];
-    }
-    for (var i = 0u; i < HEAD_VEC4S; i++) {
-        new_key[i] = k_new[new_row + i];
-    }
-    for (var h = 0u; h < GROUP_HEADS; h++) {
-        var squares = 0.0;
-        for (var i = 0u; i < HEAD_VEC4S; i++) {
-            squares += dot(query[h * HEAD_VEC4S + i], query[h * HEAD_VEC4S + i]);
-        }
-        let inv_rms = head_inverse_rms(squares);
-        for (var j = 0u; j < HALF_DIM; j++) {
-            let d = pair_dims(j);
-            let a = h * HEAD_DIM + d.x;
-            let b = h * HEAD_DIM + d.y;
-            let x = vec2<f32>(query[a / 4u][a % 4u], query[b / 4u][b % 4u]);
-            let y = transform_pair(x, j, d, false, inv_rms, position);
-            query[a / 4u][a % 4u] = y.x;
-            query[b / 4u][b % 4u] = y.y;
-        }
-    }
-    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
-        query[e] *= params.scale;
-    }
-    var key_squares = 0.0;
-    for (var i = 0u; i < HEAD_VEC4S; i++) {
-        key_squares += dot(new_key[i], new_key[i]);
-    }
-    let key_inv_rms = head_inverse_rms(key_squares);
-    for (var j = 0u; j < HALF_DIM; j++) {
-        let d = pair_dims(j);
-        let x = vec2<f32>(new_key[d.x / 4u][d.x % 4u], new_key[d.y / 4u][d.y % 4u]);
-        let y = transform_pair(x, j, d, true, key_inv_rms, position);
-        new_key[d.x / 4u][d.x % 4u] = y.x;
-        new_key[d.y / 4u][d.y % 4u] = y.y;
-    }
-    if group % chunks == 0u && position < table_capacity() {
-        let base = cache_vec4_index(key_slot(seq, position), kv_head);
-        for (var i = 0u; i < HEAD_VEC4S; i++) {
-            k_cache[base + i] = new_key[i];
-            v_cache[base + i] = v_new[new_row + i];
-        }
-    }
-
-    var acc: array<vec4<f32>, GROUP_HEADS * HEAD_VEC4S>;
-    var running_max: array<f32, GROUP_HEADS>;
-    var sum: array<f32, GROUP_HEADS>;
-    for (var h = 0u; h < GROUP_HEADS; h++) {
-        running_max[h] = NO_MAX;
-    }
-    let n_keys = min(context_len, table_capacity());
-    let first = select(0u, first_visible_key(n_keys - 1u), n_keys > 0u);
-    // The cached keys, then the new one: the last, unless the context is clamped.
-    for (var key = first; key < min(n_keys, position); key++) {
-        let base = cache_vec4_index(key_slot(seq, key), kv_head);
-        // Each key and value is loaded once for the chunk's heads.
-        var k: array<vec4<f32>, HEAD_VEC4S>;
-        for (var i = 0u; i < HEAD_VEC4S; i++) {
-            k[i] = k_cache[base + i];
-        }
-        let p = score_key(&query, &k, &acc, &running_max, &sum);
-        for (var i = 0u; i < HEAD_VEC4S; i++) {
-            let v = v_cache[base + i];
-            for (var h = 0u; h < GROUP_HEADS; h++) {
-                acc[h * HEAD_VEC4S + i] += p[h] * v;
-            }
-        }
-    }
-    if position < n_keys {
-        let p = score_key(&query, &new_key, &acc, &running_max, &sum);
-        for (var i = 0u; i < HEAD_VEC4S; i++) {
-            let v = v_new[new_row + i];
-            for (var h = 0u; h < GROUP_HEADS; h++) {
-                acc[h * HEAD_VEC4S + i] += p[h] * v;
-            }
-        }
-    }
-    for (var e = 0u; e < GROUP_HEADS * HEAD_VEC4S; e++) {
-        // The key at the running maximum contributes exp(0) = 1: the sum is 0 only with no keys.
-        let total = sum[e / HEAD_VEC4S];
-        out[first_row * HEAD_VEC4S + e] = select(vec4<f32>(0.0), acc[e] / total, total > 0.0);
-    }
-}
+const HEAD_SLOTS: u32 = GROUP_HEADS * HEAD_VEC4S;
 #else
 const KEY_GROUPS: u32 = WG / HEAD_VEC4S;
-// tile_slots' mark for the new key, which is read from new_key and v_new, not the cache.
-const FRESH_SLOT: u32 = 0xffffffffu;
-
-// The chunk's scaled queries, [GROUP_HEADS, HEAD_VEC4S]; after the last tile, reused for the
-// key groups' accumulators, [KEY_GROUPS, GROUP_HEADS, HEAD_VEC4S].
-var<workgroup> head_vec4s: array<vec4<f32>, KEY_GROUPS * GROUP_HEADS * HEAD_VEC4S>;
+// The chunk's queries; after the last tile, reused for the key groups' accumulators.
+const HEAD_SLOTS: u32 = KEY_GROUPS * GROUP_HEADS * HEAD_VEC4S;
+#endif
+// The chunk's scaled queries, [GROUP_HEADS, HEAD_VEC4S].
+var<workgroup> head_vec4s: array<vec4<f32>, HEAD_SLOTS>;
 // The new token's key, normalised and rotated.
 var<workgroup> new_key: array<vec4<f32>, HEAD_VEC4S>;
 #if HEAD_NORMS
 // 1 / rms of the chunk's query heads, then of the new key.
 var<workgroup> head_inv_rms: array<f32, GROUP_HEADS + 1u>;
 #endif
-// [GROUP_HEADS, WG]: the tile's scores, then their probabilities.
-var<workgroup> tile_scores: array<f32, GROUP_HEADS * WG>;
-var<workgroup> tile_probs: array<f32, GROUP_HEADS * WG>;
-var<workgroup> tile_slots: array<u32, WG>;
-// [KEY_GROUPS, GROUP_HEADS]: the key groups' softmax denominators.
-var<workgroup> group_sums: array<f32, KEY_GROUPS * GROUP_HEADS>;
 // (first visible key, one past the last), shared so that the loop bounds are uniform.
 var<workgroup> key_range: vec2<u32>;
 
-@compute @workgroup_size(WG)
-fn attention_decode(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) lane: u32,
-) {
-    let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
-    let workgroup = wg.x + wg.y * groups.x;
-#if SPLIT
-    let group = workgroup / params.splits;
-    let split = workgroup % params.splits;
-    let stores_new_key = group % chunks == 0u && split == 0u;
-#else
-    let group = workgroup;
-    let stores_new_key = group % chunks == 0u;
-#endif
-    if group >= params.n_rows * params.n_kv_heads * chunks {
-        return;
-    }
-    let seq = group / (params.n_kv_heads * chunks);
-    let kv_head = group / chunks % params.n_kv_heads;
-    // Query row (seq, head) of the chunk's first head: the heads of a chunk are consecutive.
-    let first_row = seq * params.n_heads + kv_head * (params.n_heads / params.n_kv_heads)
-        + group % chunks * GROUP_HEADS;
+// Loads the chunk's query heads (rows first_row ..) and the new key of (seq, kv_head) into
+// workgroup memory, normalised and rotated, the queries scaled; stores the new key and value in
+// the cache when `stores_new_key`. Returns the range of keys to visit: those the new token sees
+// (with SPLIT, within span `split`).
+fn prepare_heads(
+    lane: u32,
+    seq: u32,
+    kv_head: u32,
+    first_row: u32,
+    split: u32,
+    stores_new_key: bool,
+) -> vec2<u32> {
     let context_len = context_lens[seq];
     // With no context, past every key.
     let position = context_len - 1u;
     let new_row = new_vec4_index(seq, kv_head);
-
     for (var e = lane; e < GROUP_HEADS * HEAD_VEC4S; e += WG) {
         head_vec4s[e] = q[first_row * HEAD_VEC4S + e];
     }
@@ -332,18 +175,19 @@ fn attention_decode(
     }
     workgroupBarrier();
 #if HEAD_NORMS
-    if lane <= GROUP_HEADS {
+    // One invocation per head sums its squares: the chunk's query heads, then the new key.
+    for (var h = lane; h <= GROUP_HEADS; h += WG) {
         var squares = 0.0;
         for (var i = 0u; i < HEAD_VEC4S; i++) {
             var x: vec4<f32>;
-            if lane < GROUP_HEADS {
-                x = head_vec4s[lane * HEAD_VEC4S + i];
+            if h < GROUP_HEADS {
+                x = head_vec4s[h * HEAD_VEC4S + i];
             } else {
                 x = new_key[i];
             }
             squares += dot(x, x);
         }
-        head_inv_rms[lane] = head_inverse_rms(squares);
+        head_inv_rms[h] = head_inverse_rms(squares);
     }
     workgroupBarrier();
 #endif
@@ -380,6 +224,165 @@ fn attention_decode(
             v_cache[base + i] = v_new[new_row + i];
         }
     }
+    return keys;
+}
+
+// The first query row of the chunk of linear index `group` (seq, kv head, chunk): the heads of
+// a chunk are consecutive.
+fn chunk_first_row(seq: u32, kv_head: u32, group: u32, chunks: u32) -> u32 {
+    return seq * params.n_heads + kv_head * (params.n_heads / params.n_kv_heads) + group % chunks * GROUP_HEADS;
+}
+
+#if SERIAL
+// This lane's vec4s of a head: lane, lane + WG, ...
+const LANE_VEC4S: u32 = (HEAD_VEC4S + WG - 1u) / WG;
+
+// A key's weight for each of the chunk's heads, and the factor by which the head's accumulator
+// and sum are rescaled as its maximum moves to the key's score (1 when it stays).
+struct KeyWeights {
+    p: array<f32, GROUP_HEADS>,
+    rescale: array<f32, GROUP_HEADS>,
+}
+
+// Scores the key whose vec4s of this lane are `k` against each of the chunk's queries (of which
+// the lane holds the same vec4s) and moves each head's online softmax on to it. Every lane
+// gets the same scores, so all agree on the weights.
+fn score_key(
+    query: ptr<function, array<vec4<f32>, GROUP_HEADS * LANE_VEC4S>>,
+    k: ptr<function, array<vec4<f32>, LANE_VEC4S>>,
+    running_max: ptr<function, array<f32, GROUP_HEADS>>,
+    sum: ptr<function, array<f32, GROUP_HEADS>>,
+) -> KeyWeights {
+    var weights: KeyWeights;
+    for (var h = 0u; h < GROUP_HEADS; h++) {
+        var partial = 0.0;
+        for (var j = 0u; j < LANE_VEC4S; j++) {
+            partial += dot((*query)[h * LANE_VEC4S + j], (*k)[j]);
+        }
+        let score = soft_cap(subgroupAdd(partial));
+        let new_max = max((*running_max)[h], score);
+        weights.rescale[h] = exp((*running_max)[h] - new_max);
+        weights.p[h] = exp(score - new_max);
+        (*sum)[h] = (*sum)[h] * weights.rescale[h] + weights.p[h];
+        (*running_max)[h] = new_max;
+    }
+    return weights;
+}
+
+// Index of this lane's vec4 `j` of a head, clamped to the head: lanes past its end load its last
+// vec4 again, and their zero queries cancel it.
+fn lane_vec4(lane: u32, j: u32) -> u32 {
+    return min(lane + j * WG, HEAD_VEC4S - 1u);
+}
+
+@compute @workgroup_size(WG)
+fn attention_decode(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
+    let group = wg.x + wg.y * groups.x;
+    if group >= params.n_rows * params.n_kv_heads * chunks {
+        return;
+    }
+    let seq = group / (params.n_kv_heads * chunks);
+    let kv_head = group / chunks % params.n_kv_heads;
+    let first_row = chunk_first_row(seq, kv_head, group, chunks);
+    let keys = prepare_heads(lane, seq, kv_head, first_row, 0u, group % chunks == 0u);
+    let position = context_lens[seq] - 1u;
+    let new_row = new_vec4_index(seq, kv_head);
+
+    var query: array<vec4<f32>, GROUP_HEADS * LANE_VEC4S>;
+    var fresh_key: array<vec4<f32>, LANE_VEC4S>;
+    for (var j = 0u; j < LANE_VEC4S; j++) {
+        let inside = lane + j * WG < HEAD_VEC4S;
+        fresh_key[j] = new_key[lane_vec4(lane, j)];
+        for (var h = 0u; h < GROUP_HEADS; h++) {
+            query[h * LANE_VEC4S + j] = select(vec4<f32>(0.0), head_vec4s[h * HEAD_VEC4S + lane_vec4(lane, j)], inside);
+        }
+    }
+    var acc: array<vec4<f32>, GROUP_HEADS * LANE_VEC4S>;
+    var running_max: array<f32, GROUP_HEADS>;
+    var sum: array<f32, GROUP_HEADS>;
+    for (var h = 0u; h < GROUP_HEADS; h++) {
+        running_max[h] = NO_MAX;
+    }
+    // The cached keys, then the new one: the last, unless the context is clamped.
+    for (var key = keys.x; key < min(keys.y, position); key++) {
+        let base = cache_vec4_index(key_slot(seq, key), kv_head);
+        var k: array<vec4<f32>, LANE_VEC4S>;
+        for (var j = 0u; j < LANE_VEC4S; j++) {
+            k[j] = k_cache[base + lane_vec4(lane, j)];
+        }
+        let w = score_key(&query, &k, &running_max, &sum);
+        for (var j = 0u; j < LANE_VEC4S; j++) {
+            let v = v_cache[base + lane_vec4(lane, j)];
+            for (var h = 0u; h < GROUP_HEADS; h++) {
+                acc[h * LANE_VEC4S + j] = acc[h * LANE_VEC4S + j] * w.rescale[h] + w.p[h] * v;
+            }
+        }
+    }
+    if position < keys.y {
+        let w = score_key(&query, &fresh_key, &running_max, &sum);
+        for (var j = 0u; j < LANE_VEC4S; j++) {
+            let v = v_new[new_row + lane_vec4(lane, j)];
+            for (var h = 0u; h < GROUP_HEADS; h++) {
+                acc[h * LANE_VEC4S + j] = acc[h * LANE_VEC4S + j] * w.rescale[h] + w.p[h] * v;
+            }
+        }
+    }
+    for (var h = 0u; h < GROUP_HEADS; h++) {
+        for (var j = 0u; j < LANE_VEC4S; j++) {
+            let c = lane + j * WG;
+            if c < HEAD_VEC4S {
+                // The key at the running maximum contributes exp(0) = 1: the sum is 0 only with
+                // no keys.
+                out[(first_row + h) * HEAD_VEC4S + c] =
+                    select(vec4<f32>(0.0), acc[h * LANE_VEC4S + j] / sum[h], sum[h] > 0.0);
+            }
+        }
+    }
+}
+#else
+// tile_slots' mark for the new key, which is read from new_key and v_new, not the cache.
+const FRESH_SLOT: u32 = 0xffffffffu;
+
+// [GROUP_HEADS, WG]: the tile's scores, then their probabilities.
+var<workgroup> tile_scores: array<f32, GROUP_HEADS * WG>;
+var<workgroup> tile_probs: array<f32, GROUP_HEADS * WG>;
+var<workgroup> tile_slots: array<u32, WG>;
+// [KEY_GROUPS, GROUP_HEADS]: the key groups' softmax denominators.
+var<workgroup> group_sums: array<f32, KEY_GROUPS * GROUP_HEADS>;
+@compute @workgroup_size(WG)
+fn attention_decode(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
+    let workgroup = wg.x + wg.y * groups.x;
+#if SPLIT
+    let group = workgroup / params.splits;
+    let split = workgroup % params.splits;
+    let stores_new_key = group % chunks == 0u && split == 0u;
+#else
+    let group = workgroup;
+    let stores_new_key = group % chunks == 0u;
+#endif
+    if group >= params.n_rows * params.n_kv_heads * chunks {
+        return;
+    }
+    let seq = group / (params.n_kv_heads * chunks);
+    let kv_head = group / chunks % params.n_kv_heads;
+    let first_row = chunk_first_row(seq, kv_head, group, chunks);
+#if SPLIT
+    let keys = prepare_heads(lane, seq, kv_head, first_row, split, stores_new_key);
+#else
+    let keys = prepare_heads(lane, seq, kv_head, first_row, 0u, stores_new_key);
+#endif
+    let position = context_lens[seq] - 1u;
+    let new_row = new_vec4_index(seq, kv_head);
 
     let key_group = lane / HEAD_VEC4S;
     let c = lane % HEAD_VEC4S;

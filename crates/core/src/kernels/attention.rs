@@ -73,8 +73,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 const KV_STORE_WG: u32 = 256;
 const ROPE_KV_WG: u32 = 64;
 const DECODE_WG: u32 = 64;
-/// One SIMD group of lavapipe (8 f32 lanes of 256 bits), so that a batch of a few sequences
-/// still spreads over the device's threads.
+/// One SIMD group of lavapipe (8 f32 lanes of 256 bits): the serial decode's lanes, which must
+/// lie in one subgroup.
 const DECODE_SERIAL_WG: u32 = 8;
 /// Split decode on GPUs: workgroups to aim for over a step's (sequence, kv head, chunk) groups
 /// and their spans of keys; a few per compute unit of a large GPU (an H200 has 132).
@@ -562,9 +562,9 @@ fn decode_as(
         )
     });
     // The serial variant may serve fewer heads at a time than a chunk.
-    let (group_heads, invocations_per_workgroup) = match variant {
-        DecodeVariant::Workgroups | DecodeVariant::Split { .. } => (chunk_heads, 1),
-        DecodeVariant::Serial { group_heads } => (group_heads, DECODE_SERIAL_WG as usize),
+    let group_heads = match variant {
+        DecodeVariant::Workgroups | DecodeVariant::Split { .. } => chunk_heads,
+        DecodeVariant::Serial { group_heads } => group_heads,
     };
     let source = decode_source(heads, group_heads, variant);
     let groups = n_seqs * n_heads / group_heads;
@@ -580,7 +580,7 @@ fn decode_as(
         _ => (1, None),
     };
     let params = encoder.params(ctx, &params);
-    let workgroups = (groups * splits).div_ceil(invocations_per_workgroup);
+    let workgroups = groups * splits;
     ctx.dispatch(
         encoder,
         &source,
@@ -762,11 +762,13 @@ enum DecodeVariant {
     /// when a step has too few groups to keep the device busy (SmolLM2 has 3 a sequence; one
     /// workgroup each took 113 µs a layer at 260 keys of context on an H200).
     Split { key_span: usize },
-    /// An invocation per (sequence, kv head, chunk of `group_heads` query heads), alone over its
-    /// keys: CPU devices, where invocations are SIMD lanes of one thread and every barrier and
-    /// every loop of every lane over a tile's scores in workgroup memory costs (at 16 sequences
-    /// on lavapipe the workgroup form took 86 ms a step for SmolLM2's 30 layers, one invocation
-    /// per head 35 ms).
+    /// A workgroup of [`DECODE_SERIAL_WG`] lanes in one subgroup per (sequence, kv head, chunk
+    /// of `group_heads` query heads), the lanes splitting the heads' dims and walking the keys
+    /// together, one at a time (a `subgroupAdd` makes each score): CPU devices with subgroups,
+    /// where invocations are SIMD lanes of one thread, a tile of keys in workgroup memory costs
+    /// every lane a loop over it, and private arrays too long to unroll live in memory (on
+    /// lavapipe the workgroup form took 3.5 ms a layer for a sequence of SmolLM2 at 256 keys,
+    /// an invocation per head over all its keys 1.5-2.2, this form 0.83).
     Serial { group_heads: usize },
 }
 
@@ -791,21 +793,40 @@ impl DecodeVariant {
                 key_span: key_capacity.div_ceil(splits).next_multiple_of(DECODE_WG as usize),
             };
         }
-        // A chunk per invocation loads each key and value once for its heads but makes fewer
-        // invocations: only while they still fill a few workgroups for the device's threads,
-        // and while its queries and sums stay small (4 heads of 256 took LLVM a minute to
-        // compile, and spill).
-        let enough = chunks >= 4 * DECODE_SERIAL_WG as usize;
-        DecodeVariant::Serial {
-            group_heads: if enough { serial_group_heads(group_heads, head_dim) } else { 1 },
+        // The serial variant's lanes must lie in one subgroup.
+        let info = ctx.adapter_info();
+        if !(ctx.features().subgroups && info.subgroup_min_size >= DECODE_SERIAL_WG) {
+            return DecodeVariant::Workgroups;
         }
+        // On lavapipe each lane's loads cost the most, so a workgroup serves as many heads as
+        // it can (the chunk's largest divisor within the cap), each key and value loaded once
+        // for all; yet no fewer workgroups than the device has threads (lavapipe runs one per
+        // CPU), while fewer heads can give that many. A sequence of SmolLM2-135M at 256 keys:
+        // 0.83 ms a layer with 3 heads a workgroup, 1.66 with 1; of gemma3-270m, 1.35 ms with 2
+        // (2 workgroups), 1.93 with 4 (1), 3.0 with 1.
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let groups = |heads: usize| chunks * (group_heads / heads);
+        let largest = serial_max_group_heads(group_heads, head_dim);
+        let group_heads = (1..=largest)
+            .rev()
+            .filter(|d| largest.is_multiple_of(*d))
+            .find(|&d| groups(d) >= threads)
+            .unwrap_or(1);
+        DecodeVariant::Serial { group_heads }
     }
 }
 
-/// Query heads per invocation of the serial variant: the chunk, when its heads hold at most
-/// 256 query values together.
-fn serial_group_heads(group_heads: usize, head_dim: usize) -> usize {
-    if group_heads * head_dim <= 256 { group_heads } else { 1 }
+/// The serial variant's lanes each hold a slice of their heads' queries and accumulators in
+/// registers: at most this many values across the heads, so they stay there.
+const SERIAL_MAX_HEAD_VALUES: usize = 1024;
+
+/// The most heads of a chunk of `chunk_heads` that a serial workgroup may serve: the largest
+/// divisor of the chunk within [`SERIAL_MAX_HEAD_VALUES`].
+fn serial_max_group_heads(chunk_heads: usize, head_dim: usize) -> usize {
+    (1..=chunk_heads)
+        .rev()
+        .find(|d| chunk_heads.is_multiple_of(*d) && d * head_dim <= SERIAL_MAX_HEAD_VALUES)
+        .unwrap_or(1)
 }
 
 fn decode_source(heads: &HeadTransform, group_heads: usize, variant: DecodeVariant) -> KernelSource {
@@ -1136,7 +1157,7 @@ mod tests {
         let new = Projections { q: &q_gpu, k: &k_new_gpu, v: &v_new_gpu };
         let out = Tensor::empty(ctx, "out", q_gpu.shape()).unwrap();
         let batch = DecodeBatch { context_lens: &context_lens_gpu, block_table: &block_table };
-        let chunked = serial_group_heads(decode_group_heads(group), heads.head_dim);
+        let chunked = serial_max_group_heads(decode_group_heads(group), heads.head_dim);
         let variants = [
             DecodeVariant::Workgroups,
             DecodeVariant::Split { key_span: 3 },
@@ -1144,7 +1165,11 @@ mod tests {
             DecodeVariant::Serial { group_heads: 1 },
             DecodeVariant::Serial { group_heads: chunked },
         ];
-        for variant in variants {
+        let serial_runs =
+            ctx.features().subgroups && ctx.adapter_info().subgroup_min_size >= DECODE_SERIAL_WG;
+        for variant in
+            variants.into_iter().filter(|v| serial_runs || !matches!(v, DecodeVariant::Serial { .. }))
+        {
             let what = format!("{name} {variant:?}");
             out.fill_bits(ctx, POISON);
             let shape = cache.shape();
@@ -1251,6 +1276,90 @@ mod tests {
         ];
         for kind in kinds {
             check_decode(&format!("decode hd12 6/2 {kind:?}"), heads, 5, &[9, 1, 40], None, None, kind);
+        }
+    }
+
+    /// Prints the time of each decode variant this device runs on SmolLM2-135M's and gemma3-270m's
+    /// heads at a few context lengths, for 1 and 16 sequences. Not an assertion: run with
+    /// `cargo test --release -p flint-core --lib kernels::attention::tests::decode_timing --
+    /// --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing print, run by hand in a release build"]
+    fn decode_timing() {
+        let ctx = gpu();
+        let mut rng = Rng::new("decode timing");
+        let models = [
+            ("SmolLM2", Heads { head_dim: 64, n_heads: 9, n_kv_heads: 3 }, LLAMA_HEADS),
+            ("gemma3", Heads { head_dim: 256, n_heads: 4, n_kv_heads: 1 }, NORMED_HEADS),
+        ];
+        for (model, heads, transform) in models {
+            for (n_seqs, len) in [(1, 64), (1, 256), (1, 1024), (16, 256)] {
+                let block_size = 16;
+                let mut cache = PagedCache::new(
+                    &mut rng,
+                    &vec![len; n_seqs],
+                    block_size,
+                    heads.n_kv_heads,
+                    heads.head_dim,
+                );
+                for seq in 0..n_seqs {
+                    cache.fill(&mut rng, seq, len - 1);
+                }
+                let (k_cache, v_cache) = cache.upload(ctx);
+                let layer = KvCacheLayer { k: &k_cache, v: &v_cache };
+                let test_heads = TestHeads::new(ctx, &mut rng, transform, heads.head_dim);
+                let kv_row = heads.n_kv_heads * heads.head_dim;
+                let q = random_queries(&mut rng, n_seqs, heads);
+                let q = Tensor::from_slice(ctx, "q", &[n_seqs, heads.n_heads * heads.head_dim], &q).unwrap();
+                let k_new =
+                    Tensor::from_slice(ctx, "k", &[n_seqs, kv_row], &rng.f32s(n_seqs * kv_row, -1.0, 1.0))
+                        .unwrap();
+                let v_new =
+                    Tensor::from_slice(ctx, "v", &[n_seqs, kv_row], &rng.f32s(n_seqs * kv_row, -1.0, 1.0))
+                        .unwrap();
+                let lens = vec![len as u32; n_seqs];
+                let context_lens = Tensor::from_slice(ctx, "context_lens", &[n_seqs], &lens).unwrap();
+                let block_table = cache.table_tensor(ctx);
+                let batch = DecodeBatch { context_lens: &context_lens, block_table: &block_table };
+                let new = Projections { q: &q, k: &k_new, v: &v_new };
+                let out = Tensor::empty(ctx, "out", q.shape()).unwrap();
+                let options = AttentionOptions::new(heads.head_dim);
+                let chunk = decode_group_heads(heads.n_heads / heads.n_kv_heads);
+                let mut variants = vec![None, Some(DecodeVariant::Workgroups)];
+                if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+                    for group_heads in (1..=chunk).filter(|d| chunk.is_multiple_of(*d)) {
+                        variants.push(Some(DecodeVariant::Serial { group_heads }));
+                    }
+                }
+                for variant in variants {
+                    let run = |reps: usize| {
+                        let mut encoder = ctx.encoder("timing");
+                        for _ in 0..reps {
+                            decode_as(
+                                ctx,
+                                &mut encoder,
+                                &test_heads.gpu,
+                                &new,
+                                &layer,
+                                &batch,
+                                &options,
+                                &out,
+                                variant,
+                            )
+                            .unwrap();
+                        }
+                        ctx.submit(encoder).unwrap();
+                        pollster::block_on(out.to_f32(ctx)).unwrap();
+                    };
+                    run(1);
+                    let reps = 10;
+                    let start = std::time::Instant::now();
+                    run(reps);
+                    let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                    let name = variant.map_or("chosen".to_string(), |v| format!("{v:?}"));
+                    eprintln!("{model} {n_seqs} x {len} keys: {ms:.3} ms, {name}");
+                }
+            }
         }
     }
 
@@ -1541,7 +1650,7 @@ mod tests {
                     sources.push(decode_source(heads, group_heads, DecodeVariant::Workgroups));
                     sources.push(decode_source(heads, group_heads, DecodeVariant::Split { key_span: 64 }));
                     sources.push(combine_source(head_dim, group_heads));
-                    if serial_group_heads(group_heads, head_dim) == group_heads {
+                    if group_heads * head_dim <= SERIAL_MAX_HEAD_VALUES {
                         sources.push(decode_source(
                             heads,
                             group_heads,
