@@ -632,6 +632,21 @@ pub fn prefill(
     options: &AttentionOptions,
     out: &Tensor,
 ) -> Result<()> {
+    prefill_as(ctx, encoder, q, cache, batch, options, out, None)
+}
+
+/// [`prefill`] in the given variant, or the device's own when `None`.
+#[allow(clippy::too_many_arguments)]
+fn prefill_as(
+    ctx: &GpuContext,
+    encoder: &mut Encoder,
+    q: &Tensor,
+    cache: &KvCacheLayer<'_>,
+    batch: &PrefillBatch<'_>,
+    options: &AttentionOptions,
+    out: &Tensor,
+    variant: Option<PrefillVariant>,
+) -> Result<()> {
     const KERNEL: &str = "attention_prefill";
     let geometry = CacheGeometry::of(KERNEL, cache)?;
     let n_tokens = batch.seq_ids.len();
@@ -646,10 +661,15 @@ pub fn prefill(
         return Ok(());
     }
     let params = encoder.params(ctx, &params);
-    let tiles = (n_tokens as u32).div_ceil(PREFILL_ROWS);
+    let chunk_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
+    let variant = variant.unwrap_or_else(|| PrefillVariant::choose(ctx, chunk_heads, geometry.head_dim));
+    let workgroups = match variant {
+        PrefillVariant::Workgroups => n_tokens.div_ceil(PREFILL_ROWS as usize) * n_heads,
+        PrefillVariant::Serial { group_heads, rows } => n_tokens.div_ceil(rows) * n_heads / group_heads,
+    };
     ctx.dispatch(
         encoder,
-        &prefill_source(geometry.head_dim),
+        &prefill_source(geometry.head_dim, variant),
         &[
             params.binding(),
             q.binding(),
@@ -660,7 +680,7 @@ pub fn prefill(
             batch.block_table.binding(),
             out.binding(),
         ],
-        ctx.grid(tiles * n_heads as u32),
+        ctx.grid(workgroups as u32),
     )
 }
 
@@ -848,12 +868,51 @@ fn combine_source(head_dim: usize, group_heads: usize) -> KernelSource {
         .define("WG", format!("{DECODE_WG}u"))
 }
 
-fn prefill_source(head_dim: usize) -> KernelSource {
-    KernelSource::new("attention_prefill", &[COMMON, PREFILL])
-        .define("HEAD_DIM", format!("{head_dim}u"))
-        .define("ROWS", format!("{PREFILL_ROWS}u"))
-        .define("LANES", format!("{PREFILL_LANES}u"))
-        .define("TILE_KEYS", format!("{}u", prefill_tile_keys(head_dim)))
+/// How prefill attention spreads its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PrefillVariant {
+    /// A workgroup per (tile of [`PREFILL_ROWS`] tokens, query head), keys in tiles shared
+    /// through workgroup memory: GPUs.
+    Workgroups,
+    /// A workgroup of [`DECODE_SERIAL_WG`] lanes in one subgroup per (tile of `rows` tokens, kv
+    /// head, chunk of `group_heads` query heads), the lanes splitting the heads' dims and walking
+    /// the keys together, as in [`DecodeVariant::Serial`]: CPU devices with subgroups.
+    Serial { group_heads: usize, rows: usize },
+}
+
+impl PrefillVariant {
+    /// The variant for this device, given the query heads of a chunk and their size: on CPU
+    /// devices as many heads and rows as keep the lanes' queries and accumulators in registers
+    /// (at most 8 rows), so that each key and value is loaded once for as many of them as can be.
+    fn choose(ctx: &GpuContext, chunk_heads: usize, head_dim: usize) -> Self {
+        let info = ctx.adapter_info();
+        if info.device_type != wgpu::DeviceType::Cpu
+            || !(ctx.features().subgroups && info.subgroup_min_size >= DECODE_SERIAL_WG)
+        {
+            return PrefillVariant::Workgroups;
+        }
+        let group_heads = serial_max_group_heads(chunk_heads, head_dim);
+        PrefillVariant::Serial {
+            group_heads,
+            rows: (SERIAL_MAX_HEAD_VALUES / (group_heads * head_dim)).clamp(1, 8),
+        }
+    }
+}
+
+fn prefill_source(head_dim: usize, variant: PrefillVariant) -> KernelSource {
+    let source =
+        KernelSource::new("attention_prefill", &[COMMON, PREFILL]).define("HEAD_DIM", format!("{head_dim}u"));
+    match variant {
+        PrefillVariant::Workgroups => source
+            .define("ROWS", format!("{PREFILL_ROWS}u"))
+            .define("LANES", format!("{PREFILL_LANES}u"))
+            .define("TILE_KEYS", format!("{}u", prefill_tile_keys(head_dim))),
+        PrefillVariant::Serial { group_heads, rows } => source
+            .define("ROWS", format!("{rows}u"))
+            .define("WG", format!("{DECODE_SERIAL_WG}u"))
+            .define("GROUP_HEADS", format!("{group_heads}u"))
+            .define("SERIAL", true),
+    }
 }
 
 /// Keys per K/V tile of the prefill kernel: as many as fit in 16 KiB of workgroup memory next to
@@ -1451,12 +1510,10 @@ mod tests {
         store_kv(ctx, &mut encoder, &layer, &k_new_gpu, &v_new_gpu, &slots_gpu).unwrap();
         let batch =
             PrefillBatch { seq_ids: &seq_ids_gpu, positions: &positions_gpu, block_table: &block_table };
-        prefill(ctx, &mut encoder, &q_gpu, &layer, &batch, &options, &out).unwrap();
         ctx.submit(encoder).unwrap();
-        let got = pollster::block_on(out.to_f32(ctx)).unwrap();
 
         let group = heads.n_heads / heads.n_kv_heads;
-        let mut expected = Vec::with_capacity(got.len());
+        let mut expected = Vec::with_capacity(q.len());
         for (t, &(seq, position)) in tokens.iter().enumerate() {
             for head in 0..heads.n_heads {
                 if seq == u32::MAX {
@@ -1467,7 +1524,24 @@ mod tests {
                 }
             }
         }
-        assert_close(name, &got, &expected, ATTENTION_TOLERANCE);
+        let chunk = decode_group_heads(group);
+        let largest = serial_max_group_heads(chunk, heads.head_dim);
+        let mut variants = vec![PrefillVariant::Workgroups];
+        if ctx.features().subgroups && ctx.adapter_info().subgroup_min_size >= DECODE_SERIAL_WG {
+            variants.extend([
+                PrefillVariant::Serial { group_heads: 1, rows: 1 },
+                PrefillVariant::Serial { group_heads: largest, rows: 3 },
+                PrefillVariant::choose(ctx, chunk, heads.head_dim),
+            ]);
+        }
+        for variant in variants {
+            out.fill_bits(ctx, POISON);
+            let mut encoder = ctx.encoder("test");
+            prefill_as(ctx, &mut encoder, &q_gpu, &layer, &batch, &options, &out, Some(variant)).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(out.to_f32(ctx)).unwrap();
+            assert_close(&format!("{name} {variant:?}"), &got, &expected, ATTENTION_TOLERANCE);
+        }
     }
 
     #[test]
@@ -1644,7 +1718,12 @@ mod tests {
                 HeadTransform::new(ctx, &rope_config(head_dim, head_dim / 2, RopeLayout::NeoX), Some(norms)),
             ]
             .map(Result::unwrap);
-            let mut sources = vec![prefill_source(head_dim)];
+            let mut sources = vec![prefill_source(head_dim, PrefillVariant::Workgroups)];
+            for group_heads in (1..=DECODE_MAX_GROUP_HEADS).filter(|g| g * head_dim <= SERIAL_MAX_HEAD_VALUES)
+            {
+                let rows = (SERIAL_MAX_HEAD_VALUES / (group_heads * head_dim)).clamp(1, 8);
+                sources.push(prefill_source(head_dim, PrefillVariant::Serial { group_heads, rows }));
+            }
             for heads in &transforms {
                 for group_heads in 1..=DECODE_MAX_GROUP_HEADS {
                     sources.push(decode_source(heads, group_heads, DecodeVariant::Workgroups));
