@@ -234,9 +234,6 @@ fn chunk_first_row(seq: u32, kv_head: u32, group: u32, chunks: u32) -> u32 {
 }
 
 #if SERIAL
-// This lane's vec4s of a head: lane, lane + WG, ...
-const LANE_VEC4S: u32 = (HEAD_VEC4S + WG - 1u) / WG;
-
 // A key's weight for each of the chunk's heads, and the factor by which the head's accumulator
 // and sum are rescaled as its maximum moves to the key's score (1 when it stays).
 struct KeyWeights {
@@ -259,20 +256,13 @@ fn score_key(
         for (var j = 0u; j < LANE_VEC4S; j++) {
             partial += dot((*query)[h * LANE_VEC4S + j], (*k)[j]);
         }
-        let score = soft_cap(subgroupAdd(partial));
-        let new_max = max((*running_max)[h], score);
-        weights.rescale[h] = exp((*running_max)[h] - new_max);
-        weights.p[h] = exp(score - new_max);
-        (*sum)[h] = (*sum)[h] * weights.rescale[h] + weights.p[h];
-        (*running_max)[h] = new_max;
+        let step = softmax_step((*running_max)[h], (*sum)[h], soft_cap(subgroupAdd(partial)), true);
+        (*running_max)[h] = step.x;
+        (*sum)[h] = step.y;
+        weights.rescale[h] = step.z;
+        weights.p[h] = step.w;
     }
     return weights;
-}
-
-// Index of this lane's vec4 `j` of a head, clamped to the head: lanes past its end load its last
-// vec4 again, and their zero queries cancel it.
-fn lane_vec4(lane: u32, j: u32) -> u32 {
-    return min(lane + j * WG, HEAD_VEC4S - 1u);
 }
 
 @compute @workgroup_size(WG)

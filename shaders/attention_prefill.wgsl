@@ -37,17 +37,9 @@
 @group(0) @binding(7) var<storage, read_write> out: array<vec4<f32>>;
 
 #if SERIAL
-// This lane's vec4s of a head: lane, lane + WG, ...
-const LANE_VEC4S: u32 = (HEAD_VEC4S + WG - 1u) / WG;
 // The (row, head) pairs of a workgroup.
 const SLOTS: u32 = ROWS * GROUP_HEADS;
 const NO_SEQ: u32 = 0xffffffffu;
-
-// Index of this lane's vec4 `j` of a head, clamped to the head: lanes past its end load its last
-// vec4 again, and their zero queries cancel it.
-fn lane_vec4(lane: u32, j: u32) -> u32 {
-    return min(lane + j * WG, HEAD_VEC4S - 1u);
-}
 
 @compute @workgroup_size(WG)
 fn attention_prefill(
@@ -131,14 +123,11 @@ fn attention_prefill(
                     }
                     // The same in every lane: all agree on the weights. A row that does not see
                     // the key keeps its maximum and adds nothing.
-                    let score = soft_cap(subgroupAdd(partial));
-                    let new_max = select(running_max[s], max(running_max[s], score), sees);
-                    let rescale = exp(running_max[s] - new_max);
-                    let p = select(0.0, exp(score - new_max), sees);
-                    sum[s] = sum[s] * rescale + p;
-                    running_max[s] = new_max;
+                    let step = softmax_step(running_max[s], sum[s], soft_cap(subgroupAdd(partial)), sees);
+                    running_max[s] = step.x;
+                    sum[s] = step.y;
                     for (var j = 0u; j < LANE_VEC4S; j++) {
-                        acc[s * LANE_VEC4S + j] = acc[s * LANE_VEC4S + j] * rescale + p * v[j];
+                        acc[s * LANE_VEC4S + j] = acc[s * LANE_VEC4S + j] * step.z + step.w * v[j];
                     }
                 }
             }

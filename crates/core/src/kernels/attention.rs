@@ -824,7 +824,7 @@ impl DecodeVariant {
         // CPU), while fewer heads can give that many. A sequence of SmolLM2-135M at 256 keys:
         // 0.83 ms a layer with 3 heads a workgroup, 1.66 with 1; of gemma3-270m, 1.35 ms with 2
         // (2 workgroups), 1.93 with 4 (1), 3.0 with 1.
-        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let threads = cpu_threads();
         let groups = |heads: usize| chunks * (group_heads / heads);
         let largest = serial_max_group_heads(group_heads, head_dim);
         let group_heads = (1..=largest)
@@ -834,6 +834,13 @@ impl DecodeVariant {
             .unwrap_or(1);
         DecodeVariant::Serial { group_heads }
     }
+}
+
+/// The machine's CPU threads, looked up once (on Linux the lookup reads cgroup files, too slow
+/// for every decode dispatch).
+fn cpu_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
 }
 
 /// The serial variant's lanes each hold a slice of their heads' queries and accumulators in
