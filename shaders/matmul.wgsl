@@ -11,10 +11,15 @@
 //   activation loaded ROW_TILE times. The partial sums of a row are added by
 //   subgroupShuffleXor (SUBGROUP_REDUCE: needs THREADS_PER_ROW <= the subgroup size and
 //   subgroups made of consecutive invocations) or in workgroup memory (SHARED_REDUCE);
-//   THREADS_PER_ROW = 1 needs neither. X_BROADCAST (THREADS_PER_ROW = 1, subgroups of at least
-//   8): the activations are the same for the whole workgroup, so each invocation loads one of
-//   the 8 a step needs and subgroupBroadcast hands them to the others; on a CPU device, where
-//   each non-constant load is a loop over the SIMD lanes, that turns 8 loads into 1.
+//   THREADS_PER_ROW = 1 needs neither. X_BROADCAST (WIDE, subgroups of at least 8): the
+//   activations are the same for the whole subgroup, so for each block of 32 columns lane j
+//   loads the j-th vec4 of it (of every batch row of the tile) and subgroupBroadcast hands
+//   them to the others; on a CPU device, where a load is a gather over the SIMD lanes, that
+//   turns 8 gathers of one useful value into 1 gather of 8.
+// X_UNIFORM: x (and x_up) are a window of X_WINDOW_VEC4S vec4s of the activations in a uniform
+//   binding, batch rows first_batch .. first_batch + batch of them: lavapipe gathers uniform
+//   loads with plain vector code where a storage load is a branchy loop over the lanes (about
+//   2x fewer instructions per value). The host dispatches once per window.
 // WIDE (THREADS_PER_ROW = 1): an invocation walks its rows a block of 32 weights at a time with
 //   load32/unpack8, reading each word of a block once, then the last cols % 32 with decode8.
 // Gated input (GATED, with GATE_SILU or GATE_GELU): x holds a feed-forward layer's gate and
@@ -31,7 +36,7 @@
 //   the rest to y2, each [batch, its own rows]. ADD_TO_OUTPUT adds the products to what y
 //   holds (a residual connection) instead of overwriting it.
 // Grid: x (+ y past 65535) over row groups, linear index wg.x + wg.y * num_workgroups.x;
-//   z over batch tiles of BATCH_TILE. Rows past the chunk and batch rows past `batch` compute
+//   z over batch tiles of BATCH_TILE (of the window's batch rows with X_UNIFORM). Rows past the chunk and batch rows past `batch` compute
 //   on clamped indices (so barriers and broadcasts stay in uniform control flow) and write
 //   nothing.
 
@@ -46,11 +51,16 @@ struct Params {
     second_row: u32,
     third_row: u32,
     eps: f32,
-    _pad1: u32,
+    // The batch row of the output that x's row 0 is (X_UNIFORM's windows; else 0).
+    first_batch: u32,
 }
 
 // @binding(0): `weights`, declared in quant/common.wgsl.
+#if X_UNIFORM
+@group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_WINDOW_VEC4S>;
+#else
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+#endif
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 // In a storage buffer where the weights are a texture (see quant/common.wgsl).
 #if TEXTURE_WEIGHTS
@@ -62,7 +72,11 @@ struct Params {
 // of `params` would be a load.
 var<private> p: Params;
 #if GATED
+#if X_UNIFORM
+@group(0) @binding(4) var<uniform> x_up: array<vec4<f32>, X_WINDOW_VEC4S>;
+#else
 @group(0) @binding(4) var<storage, read> x_up: array<vec4<f32>>;
+#endif
 #endif
 #if SPLIT
 @group(0) @binding(4) var<storage, read_write> y1: array<f32>;
@@ -93,7 +107,7 @@ const TILE: u32 = ROW_TILE * BATCH_TILE;
 // The sums an invocation keeps: the tile's, then NORM_SLOTS more.
 const SUMS: u32 = TILE + NORM_SLOTS;
 #if X_BROADCAST
-const_assert THREADS_PER_ROW == 1u;
+const_assert WIDE;
 #endif
 #if WIDE
 const_assert THREADS_PER_ROW == 1u;
@@ -125,14 +139,6 @@ fn norm_scale4(i: u32) -> vec4<f32> {
 #endif
 }
 
-// Activation c of the four at index i.
-fn load_x_element(i: u32, c: u32) -> f32 {
-#if GATED
-    return activate(x[i][c]) * x_up[i][c];
-#else
-    return x[i][c];
-#endif
-}
 #if ADD_TO_OUTPUT
 const_assert !SPLIT;
 #endif
@@ -141,7 +147,8 @@ const_assert !SPLIT;
 #endif
 
 // Writes (or adds) the sum of batch row b and row `row` of the whole matrix to its output.
-fn store(b: u32, row: u32, sum: f32) {
+fn store(window_b: u32, row: u32, sum: f32) {
+    let b = p.first_batch + window_b;
 #if SPLIT
     if row >= p.third_row {
 #if THIRD
@@ -175,56 +182,77 @@ fn accumulate(
     w: ptr<function, array<Weights8, ROW_TILE>>,
     g: u32,
     b0: u32,
-    subgroup_lane: u32,
 ) {
     let x_row_vec4s = p.cols / 4u;
-#if X_BROADCAST
-    let j = subgroup_lane % 8u;
-#if NORMED
-    let scale_mine = norm_scale4(2u * g + j / 4u)[j % 4u];
-#endif
-#else
     let scale_lo = norm_scale4(2u * g);
     let scale_hi = norm_scale4(2u * g + 1u);
-#endif
     for (var t = 0u; t < BATCH_TILE; t++) {
         let xi = min(b0 + t, p.batch - 1u) * x_row_vec4s + 2u * g;
-#if X_BROADCAST
-        // Lanes past 8 (larger subgroups) load again what lane % 8 loads.
-#if NORMED
-        let raw = load_x_element(xi + j / 4u, j % 4u);
-        // Each of the 8 elements once, whatever the subgroup size.
-        (*acc)[TILE + t] += subgroupAdd(select(0.0, raw * raw, subgroup_lane < 8u));
-        let mine = raw * scale_mine;
-#else
-        let mine = load_x_element(xi + j / 4u, j % 4u);
-#endif
-        let x_lo = vec4<f32>(
-            subgroupBroadcast(mine, 0u),
-            subgroupBroadcast(mine, 1u),
-            subgroupBroadcast(mine, 2u),
-            subgroupBroadcast(mine, 3u),
-        );
-        let x_hi = vec4<f32>(
-            subgroupBroadcast(mine, 4u),
-            subgroupBroadcast(mine, 5u),
-            subgroupBroadcast(mine, 6u),
-            subgroupBroadcast(mine, 7u),
-        );
-#else
         let raw_lo = load_x(xi);
         let raw_hi = load_x(xi + 1u);
 #if NORMED
         (*acc)[TILE + t] += dot(raw_lo, raw_lo) + dot(raw_hi, raw_hi);
 #endif
-        let x_lo = raw_lo * scale_lo;
-        let x_hi = raw_hi * scale_hi;
+        accumulate_tile(acc, w, t, raw_lo * scale_lo, raw_hi * scale_hi);
+    }
+}
+
+// Adds the tile's rows (`w`, 8 weights each) times 8 activations of the tile's batch row t.
+fn accumulate_tile(
+    acc: ptr<function, array<f32, SUMS>>,
+    w: ptr<function, array<Weights8, ROW_TILE>>,
+    t: u32,
+    x_lo: vec4<f32>,
+    x_hi: vec4<f32>,
+) {
+    for (var i = 0u; i < ROW_TILE; i++) {
+        (*acc)[t * ROW_TILE + i] += dot((*w)[i].lo, x_lo) + dot((*w)[i].hi, x_hi);
+    }
+}
+
+#if X_BROADCAST
+// The activations of block `block` (32 columns) of the tile's batch rows from b0 as this lane
+// holds them: vec4 lane % 8 of the block of each batch row, normalised by the norm's weight
+// (NORMED: each row's squares are added to its sum).
+fn load_block_x(acc: ptr<function, array<f32, SUMS>>, block: u32, b0: u32, lane: u32) -> array<vec4<f32>, BATCH_TILE> {
+    let i = 8u * block + lane % 8u;
+    let scale = norm_scale4(i);
+    var mine: array<vec4<f32>, BATCH_TILE>;
+    for (var t = 0u; t < BATCH_TILE; t++) {
+        let raw = load_x(min(b0 + t, p.batch - 1u) * (p.cols / 4u) + i);
+#if NORMED
+        // Each vec4 once, whatever the subgroup size (lanes past 8 load again what lane % 8 does).
+        (*acc)[TILE + t] += subgroupAdd(select(0.0, dot(raw, raw), lane < 8u));
 #endif
-        for (var i = 0u; i < ROW_TILE; i++) {
-            (*acc)[t * ROW_TILE + i] += dot((*w)[i].lo, x_lo) + dot((*w)[i].hi, x_hi);
+        mine[t] = raw * scale;
+    }
+    return mine;
+}
+
+// Adds weights 8s .. 8s + 8 of a block of the tile's rows times the same activations, broadcast
+// from lanes 2s and 2s + 1 of `mine` (load_block_x). WGSL wants the lanes as constants, hence
+// one case a step.
+fn accumulate_broadcast(
+    acc: ptr<function, array<f32, SUMS>>,
+    blocks: ptr<function, array<Block32, ROW_TILE>>,
+    mine: ptr<function, array<vec4<f32>, BATCH_TILE>>,
+    s: u32,
+) {
+    var w: array<Weights8, ROW_TILE>;
+    for (var i = 0u; i < ROW_TILE; i++) {
+        w[i] = unpack8((*blocks)[i], s);
+    }
+    for (var t = 0u; t < BATCH_TILE; t++) {
+        let v = (*mine)[t];
+        switch s {
+            case 0u: { accumulate_tile(acc, &w, t, subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u)); }
+            case 1u: { accumulate_tile(acc, &w, t, subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u)); }
+            case 2u: { accumulate_tile(acc, &w, t, subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u)); }
+            default: { accumulate_tile(acc, &w, t, subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u)); }
         }
     }
 }
+#endif
 
 #if TILED
 // TILED (GPUs, many batch rows): a workgroup of 256 invocations computes a tile of TILE_ROWS
@@ -344,11 +372,6 @@ fn matmul(
         rows[i] = WeightRow(min(r0 + i, p.rows - 1u) * p.row_words, p.blocks);
     }
     let b0 = wg.z * BATCH_TILE;
-#if X_BROADCAST
-    let lane_in_subgroup = subgroup_lane;
-#else
-    let lane_in_subgroup = 0u;
-#endif
 
     var acc: array<f32, SUMS>;
 #if WIDE
@@ -359,13 +382,22 @@ fn matmul(
         for (var i = 0u; i < ROW_TILE; i++) {
             blocks[i] = load32(rows[i], b * 32u);
         }
+#if X_BROADCAST
+        var mine = load_block_x(&acc, b, b0, subgroup_lane);
+        // The four steps written out, so that each one's broadcast lanes are constants.
+        accumulate_broadcast(&acc, &blocks, &mine, 0u);
+        accumulate_broadcast(&acc, &blocks, &mine, 1u);
+        accumulate_broadcast(&acc, &blocks, &mine, 2u);
+        accumulate_broadcast(&acc, &blocks, &mine, 3u);
+#else
         for (var s = 0u; s < 4u; s++) {
             var w: array<Weights8, ROW_TILE>;
             for (var i = 0u; i < ROW_TILE; i++) {
                 w[i] = unpack8(blocks[i], s);
             }
-            accumulate(&acc, &w, b * 4u + s, b0, lane_in_subgroup);
+            accumulate(&acc, &w, b * 4u + s, b0);
         }
+#endif
     }
     // Columns past the last multiple of 32 (float types only), 8 at a time.
     let first_group = groups32 * 4u;
@@ -377,7 +409,7 @@ fn matmul(
         for (var i = 0u; i < ROW_TILE; i++) {
             w[i] = decode8(rows[i], g * 8u);
         }
-        accumulate(&acc, &w, g, b0, lane_in_subgroup);
+        accumulate(&acc, &w, g, b0);
     }
 
 #if SUBGROUP_REDUCE

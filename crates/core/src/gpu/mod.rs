@@ -15,5 +15,5 @@ pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions, Weight
 pub use encoder::{Encoder, ParamsSlot};
 pub use pipeline::{KernelSource, preprocess};
 pub use profile::KernelTime;
-pub use tensor::Tensor;
+pub use tensor::{Tensor, UNIFORM_WINDOW_BYTES};
 pub use weight::QuantMatrix;

@@ -4,11 +4,19 @@ use crate::gpu::GpuContext;
 use crate::gpu::memory::Reservation;
 use crate::{Error, Result};
 
+/// The largest uniform window ([`Tensor::window_binding`]) that kernels read a tensor through.
+/// On CPU devices every tensor's buffer has this many bytes past its elements, so that a
+/// window of a fixed size may start at any of its rows (the window's size is compiled into the
+/// kernel, and a binding may not be smaller than what the kernel declares).
+pub const UNIFORM_WINDOW_BYTES: u64 = 1 << 16;
+
 /// A dense array of 4-byte elements (f32 activations, or u32 ids) in one storage buffer.
 /// Row-major; the last dimension is contiguous.
 pub struct Tensor {
     buffer: wgpu::Buffer,
     shape: Vec<usize>,
+    /// Bytes of the buffer past the elements.
+    padding: u64,
     _memory: Reservation,
 }
 
@@ -24,14 +32,19 @@ impl Tensor {
                 reason: format!("one storage binding holds at most {} bytes", ctx.max_binding_bytes()),
             });
         }
-        let memory = ctx.memory.reserve(label, bytes)?;
+        let padding =
+            if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu { UNIFORM_WINDOW_BYTES } else { 0 };
+        let memory = ctx.memory.reserve(label, bytes + padding)?;
         let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: bytes,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            size: bytes + padding,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(Tensor { buffer, shape: shape.to_vec(), _memory: memory })
+        Ok(Tensor { buffer, shape: shape.to_vec(), padding, _memory: memory })
     }
 
     /// A tensor holding `data` (f32, u32 or i32).
@@ -97,8 +110,23 @@ impl Tensor {
         &self.buffer
     }
 
-    /// The whole buffer as a binding.
+    /// The elements as a binding (without the padding of CPU devices).
     pub fn binding(&self) -> wgpu::BindingResource<'_> {
-        self.buffer.as_entire_binding()
+        self.window_binding(0, (self.len().max(1) * 4) as u64)
+    }
+
+    /// Bytes of the buffer past the elements, which a window may reach into.
+    pub fn window_padding(&self) -> u64 {
+        self.padding
+    }
+
+    /// `size` bytes from byte `offset` on as a binding: a uniform window, which on CPU devices
+    /// may reach up to [`UNIFORM_WINDOW_BYTES`] past the last element into the padding.
+    pub fn window_binding(&self, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset,
+            size: wgpu::BufferSize::new(size),
+        })
     }
 }

@@ -3,7 +3,7 @@
 //! decoder from `shaders/quant/`; f32 activations, f32 sums.
 
 use crate::Result;
-use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor, UNIFORM_WINDOW_BYTES};
 use crate::kernels::elementwise::{ACTIVATION_SOURCE, GatedActivation};
 use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm};
@@ -27,7 +27,8 @@ struct Params {
     third_row: u32,
     /// The RMSNorm's epsilon of a normalised input.
     eps: f32,
-    _pad: u32,
+    /// The batch row of the output that x's first row is: that of the window.
+    first_batch: u32,
 }
 
 /// How the partial sums of one row's invocations are added.
@@ -51,10 +52,13 @@ struct Variant {
     /// Batch rows per invocation: each decoded weight is used this many times.
     batch_tile: u32,
     reduce: Reduce,
-    /// Each invocation of a subgroup loads one of 8 activations and `subgroupBroadcast` hands
-    /// them to all (needs subgroups of at least 8 invocations and `threads_per_row` 1, so that
-    /// a whole subgroup reads the same activations).
+    /// Lane j of a subgroup loads the j-th 4 activations of each block of 32 and
+    /// `subgroupBroadcast` hands them to all (needs subgroups of at least 8 invocations and
+    /// `threads_per_row` 1, so that a whole subgroup reads the same activations).
     x_broadcast: bool,
+    /// Some(n): x (and a gated input's up projection) are read through uniform windows of n
+    /// batch rows, one dispatch a window (CPU devices: see [`Variant::choose`]).
+    x_window_rows: Option<u32>,
     /// The tiled matrix × matrix kernel (TILED in matmul.wgsl): a workgroup of 256 shares
     /// decoded weights and activations through workgroup memory for a [`TILED_ROWS`] ×
     /// `batch_tile` block of the output. The other fields are ignored but `wg_size` (256).
@@ -83,6 +87,7 @@ const TILED: Variant = Variant {
     batch_tile: 64,
     reduce: Reduce::None,
     x_broadcast: false,
+    x_window_rows: None,
     tiled: true,
 };
 
@@ -115,23 +120,29 @@ impl Variant {
     /// CPU devices (lavapipe, SwiftShader) run a workgroup on one thread, its invocations as
     /// SIMD lanes, where barriers are expensive (a 64-wide tree reduction ran at 0.2-0.4 GB/s on
     /// lavapipe against 1.0-1.7 with no barrier), so each invocation sums whole rows alone.
-    /// lavapipe (Mesa 22.3) turns every storage load inside a loop into a loop over the lanes,
-    /// one scalar at a time with a bounds check, while arithmetic stays SIMD; so an invocation
-    /// takes a tile of rows × batch rows, each activation reused across the rows and each
-    /// decoded weight across the batch rows, and
-    /// with subgroups the 8 activations a step needs are loaded once per subgroup and
-    /// broadcast (a broadcast from a constant lane is a plain SIMD shuffle). A workgroup is one
+    /// lavapipe (Mesa 22.3) turns every storage load whose address is not a constant into a
+    /// loop over the lanes, one scalar at a time with a bounds check and branches, and a
+    /// uniform-buffer load into a branch-free gather, while arithmetic stays SIMD (read from the
+    /// JIT's machine code: a 4 × 4 tile's step was ~1550 instructions, half of them gathering
+    /// activations that every lane already shared). So an invocation takes a tile of rows ×
+    /// batch rows, each activation reused across the rows and each decoded weight across the
+    /// batch rows; with subgroups each lane loads one vec4 of a block's 32 activations and
+    /// broadcasts it (a broadcast from a constant lane is a plain SIMD shuffle), and x is read
+    /// through uniform windows (`x_window_rows`). SmolLM2's 1536 × 576 Q4_1 product, min of
+    /// 3 × 6 runs: 0.20 ms at batch 1 (0.32 with one scalar broadcast per 8 activations from
+    /// storage), 0.31 at 4 (0.84), 0.87 at 16 (2.8), 3.45 at 64 (10.8). A workgroup is one
     /// SIMD group of 8, so that even SmolLM2's 192-row k and v projections make several
     /// workgroups for the device's threads to share (64 invocations × 4 rows made one, and the
     /// 576-row projections two: at 16 batch rows the 576 × 1536 product took 3.6 ms against 2.2
-    /// with workgroups of 8, min of 5 interleaved runs). Tiles measured the same way: 8 rows at
-    /// batch 1, 4 × 4 up to 4, 2 × 8 up to 8, 8 × 16 beyond, for the types with small block
-    /// decoders (Q4_0, Q4_1, Q8_0). Larger decoders make the kernel's loops over the tile too
-    /// large for the driver to unroll (Mesa's NIR unroller has a size limit), and a loop left
-    /// rolled keeps the tile's arrays in memory with per-lane indexing: 6-10x slower (Q5_0,
-    /// 1536 × 768 at batch 1: 4.7 ms with 8 rows, 0.7 with 2 or 4). So the other types take
-    /// tiles of 2 × 1, 2 × 4 and 2 × 8, and Q5_1 and Q5_K, whose decoders are the largest, 1 × 1,
-    /// 1 × 4 and 4 × 16 (the best of a sweep of each type on 1536 × 768 at batch 1 and 16).
+    /// with workgroups of 8, min of 5 interleaved runs). Tiles, the best of a sweep of each: for
+    /// the types with small block decoders (Q4_0, Q4_1, Q8_0) 8 rows at batch 1, 4 × 4 beyond.
+    /// Larger decoders make the kernel's loops over the tile too large for the driver to unroll
+    /// (Mesa's NIR unroller has a size limit), and a loop left rolled keeps the tile's arrays in
+    /// memory with per-lane indexing: 6-10x slower (Q5_0, 1536 × 768 at batch 1: 4.7 ms with 8
+    /// rows, 0.7 with 2 or 4). So the other types take 2 × 1, 4 × 4 up to 4 and 2 × 8 beyond
+    /// (Q4_K and Q6_K 640 × 2048), and Q5_1 and Q5_K, whose decoders are the largest, 1 × 1 and
+    /// 1 × 4 (Q5_K 640 × 2048: 4.7 ms at batch 16, 7.7 with 4 × 4). Without subgroups (the
+    /// portable path) x comes from storage, one load per lane, with the tiles of an older sweep.
     /// GPUs want many invocations per row for coalesced loads: 32 (a warp on NVIDIA, within
     /// every subgroup size but Intel's and WARP's, hence the min), added by subgroup shuffles
     /// where available, with tiles of one row and 1 batch row up to 8, 4 beyond (from 2 on for
@@ -147,18 +158,21 @@ impl Variant {
         let info = ctx.adapter_info();
         if info.device_type == wgpu::DeviceType::Cpu {
             let x_broadcast = ctx.features().subgroups && info.subgroup_min_size >= 8;
-            let (row_tile, batch_tile) = match (DecoderSize::of(quant), batch) {
-                (DecoderSize::Small, 1) if !x_broadcast => (2, 1),
-                (DecoderSize::Small, 1) => (8, 1),
-                (DecoderSize::Small, 2..=4) => (4, 4),
-                (DecoderSize::Small, 5..=8) => (2, 8),
-                (DecoderSize::Small, _) => (8, 16),
-                (DecoderSize::Medium, 1) => (2, 1),
-                (DecoderSize::Medium, 2..=4) => (2, 4),
-                (DecoderSize::Medium, _) => (2, 8),
-                (DecoderSize::Large, 1) => (1, 1),
-                (DecoderSize::Large, 2..=4) => (1, 4),
-                (DecoderSize::Large, _) => (4, 16),
+            let (row_tile, batch_tile) = match (DecoderSize::of(quant), batch, x_broadcast) {
+                (DecoderSize::Small, 1, true) => (8, 1),
+                (DecoderSize::Small, _, true) => (4, 4),
+                (DecoderSize::Small, 1, false) => (2, 1),
+                (DecoderSize::Small, 2..=4, false) => (4, 4),
+                (DecoderSize::Small, 5..=8, false) => (2, 8),
+                (DecoderSize::Small, _, false) => (8, 16),
+                (DecoderSize::Medium, 1, _) => (2, 1),
+                (DecoderSize::Medium, 2..=4, true) => (4, 4),
+                (DecoderSize::Medium, 2..=4, false) => (2, 4),
+                (DecoderSize::Medium, _, _) => (2, 8),
+                (DecoderSize::Large, 1, _) => (1, 1),
+                (DecoderSize::Large, _, true) => (1, 4),
+                (DecoderSize::Large, 2..=4, false) => (1, 4),
+                (DecoderSize::Large, _, false) => (4, 16),
             };
             Variant {
                 wg_size: CPU_WG_SIZE,
@@ -167,6 +181,11 @@ impl Variant {
                 batch_tile,
                 reduce: Reduce::None,
                 x_broadcast,
+                x_window_rows: if x_broadcast {
+                    uniform_window_rows(ctx, cols, UNIFORM_WINDOW_BYTES)
+                } else {
+                    None
+                },
                 tiled: false,
             }
         } else if batch >= TILED_MIN_BATCH
@@ -187,6 +206,7 @@ impl Variant {
                 batch_tile,
                 reduce: Reduce::Subgroup,
                 x_broadcast: false,
+                x_window_rows: None,
                 tiled: false,
             }
         } else {
@@ -202,9 +222,15 @@ impl Variant {
                 batch_tile,
                 reduce: Reduce::Shared,
                 x_broadcast: false,
+                x_window_rows: None,
                 tiled: false,
             }
         }
+    }
+
+    /// The batch rows of x that one dispatch reads: a window's, or all of them.
+    fn batch_per_dispatch(self, batch: usize) -> usize {
+        self.x_window_rows.map_or(batch, |rows| rows as usize)
     }
 
     fn rows_per_workgroup(self) -> u32 {
@@ -212,6 +238,7 @@ impl Variant {
     }
 
     fn source(self, quant: QuantType, textures: bool, input: Input, outputs: Outputs) -> KernelSource {
+        let cols = input.x().shape().last().copied().unwrap_or(0) as u32;
         let (gate, norm) = match input {
             Input::Plain(_) => (None, None),
             Input::Gated(gated) => (Some(gated.activation), None),
@@ -235,8 +262,28 @@ impl Variant {
             .define("SHARED_REDUCE", self.reduce == Reduce::Shared)
             .define("TILED", self.tiled)
             .define("X_BROADCAST", self.x_broadcast)
+            .define("X_UNIFORM", self.x_window_rows.is_some())
+            .define("X_WINDOW_VEC4S", format!("{}u", self.x_window_rows.unwrap_or(0) * cols / 4))
             .define("WIDE", self.threads_per_row == 1)
     }
+}
+
+/// The batch rows of x with `cols` columns that a uniform window holds on this device: as many
+/// as fit in `max_bytes` (at most [`UNIFORM_WINDOW_BYTES`]) and the device's uniform binding
+/// size, in steps that keep each window's offset aligned as uniform bindings must be. None when
+/// not even one step fits (x is then read from its storage buffer).
+fn uniform_window_rows(ctx: &GpuContext, cols: usize, max_bytes: u64) -> Option<u32> {
+    let limits = ctx.limits();
+    let bytes = max_bytes.min(UNIFORM_WINDOW_BYTES).min(limits.max_uniform_buffer_binding_size);
+    let row_bytes = (cols * 4) as u64;
+    let align = u64::from(limits.min_uniform_buffer_offset_alignment);
+    let step = align / gcd(row_bytes, align);
+    let rows = bytes / row_bytes / step * step;
+    (rows > 0).then_some(rows as u32)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// The activations of a product whose input is a gated feed-forward layer's: `activation(gate)
@@ -450,50 +497,89 @@ fn record(
     batch: usize,
     variant: Variant,
 ) -> Result<()> {
-    let batch_tiles = batch.div_ceil(variant.batch_tile as usize);
+    let per_dispatch = variant.batch_per_dispatch(batch);
+    let batch_tiles = per_dispatch.min(batch).div_ceil(variant.batch_tile as usize);
     let max_groups = ctx.limits().max_compute_workgroups_per_dimension as usize;
     ensure("matmul", batch_tiles <= max_groups, || {
         format!(
             "batch {batch} needs {batch_tiles} workgroups in z, more than the device's {max_groups}: split it"
         )
     })?;
+    let cols = weight.cols();
+    let window_bytes = variant.x_window_rows.map(|rows| (rows as usize * cols * 4) as u64);
+    if let Some(bytes) = window_bytes {
+        let limits = ctx.limits();
+        let inputs: Vec<&Tensor> = match input {
+            Input::Gated(gated) => vec![gated.gate, gated.up],
+            Input::Plain(x) | Input::Normed(x, _) => vec![x],
+        };
+        ensure(
+            "matmul",
+            bytes <= limits.max_uniform_buffer_binding_size
+                && bytes % u64::from(limits.min_uniform_buffer_offset_alignment) == 0
+                && inputs.iter().all(|x| x.window_padding() >= bytes),
+            || {
+                format!(
+                    "a uniform window of {bytes} bytes must fit the device's uniform bindings ({} bytes, \
+                     offsets aligned to {}) and the padding of x's buffer",
+                    limits.max_uniform_buffer_binding_size, limits.min_uniform_buffer_offset_alignment
+                )
+            },
+        )?;
+    }
     let source = variant.source(weight.quant(), weight.in_textures(), input, outputs);
     let tensors = outputs.tensors();
     let (second_row, third_row) = match weight.part_rows() {
         [a, b, ..] if tensors.len() > 1 => (*a, a + b),
         _ => (weight.rows(), weight.rows()),
     };
-    for chunk in weight.chunks() {
-        let params = encoder.params(
-            ctx,
-            &Params {
-                rows: chunk.rows as u32,
-                first_row: chunk.first_row as u32,
-                cols: weight.cols() as u32,
-                batch: batch as u32,
-                row_words: weight.row_words() as u32,
-                blocks: (weight.cols() / weight.quant().block_elements()) as u32,
-                out_rows: weight.rows() as u32,
-                second_row: second_row as u32,
-                third_row: third_row as u32,
-                eps: match input {
-                    Input::Normed(_, norm) => norm.eps,
-                    _ => 0.0,
-                },
-                _pad: 0,
-            },
-        );
-        let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
-        let mut bindings = vec![chunk.binding(), input.x().binding(), tensors[0].binding(), params.binding()];
-        // From binding 4 on: the split outputs, then the up projection of a gated input or the
-        // norm's weight.
-        bindings.extend(tensors[1..].iter().map(|y| y.binding()));
-        match input {
-            Input::Gated(gated) => bindings.push(gated.up.binding()),
-            Input::Normed(_, norm) => bindings.push(norm.weight.binding()),
-            Input::Plain(_) => {}
+    // x (or a window of it) as bound for batch rows from `first`.
+    fn x_binding(x: &Tensor, first: usize, window_bytes: Option<u64>) -> wgpu::BindingResource<'_> {
+        match window_bytes {
+            Some(bytes) => x.window_binding((first * x.shape().last().unwrap_or(&0) * 4) as u64, bytes),
+            None => x.binding(),
         }
-        ctx.dispatch(encoder, &source, &bindings, [gx, gy, batch_tiles as u32])?;
+    }
+    for chunk in weight.chunks() {
+        let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
+        for first_batch in (0..batch).step_by(per_dispatch) {
+            let rows_here = per_dispatch.min(batch - first_batch);
+            let params = encoder.params(
+                ctx,
+                &Params {
+                    rows: chunk.rows as u32,
+                    first_row: chunk.first_row as u32,
+                    cols: cols as u32,
+                    batch: rows_here as u32,
+                    row_words: weight.row_words() as u32,
+                    blocks: (cols / weight.quant().block_elements()) as u32,
+                    out_rows: weight.rows() as u32,
+                    second_row: second_row as u32,
+                    third_row: third_row as u32,
+                    eps: match input {
+                        Input::Normed(_, norm) => norm.eps,
+                        _ => 0.0,
+                    },
+                    first_batch: first_batch as u32,
+                },
+            );
+            let mut bindings = vec![
+                chunk.binding(),
+                x_binding(input.x(), first_batch, window_bytes),
+                tensors[0].binding(),
+                params.binding(),
+            ];
+            // From binding 4 on: the split outputs, then the up projection of a gated input or
+            // the norm's weight.
+            bindings.extend(tensors[1..].iter().map(|y| y.binding()));
+            match input {
+                Input::Gated(gated) => bindings.push(x_binding(gated.up, first_batch, window_bytes)),
+                Input::Normed(_, norm) => bindings.push(norm.weight.binding()),
+                Input::Plain(_) => {}
+            }
+            let groups = [gx, gy, rows_here.div_ceil(variant.batch_tile as usize) as u32];
+            ctx.dispatch(encoder, &source, &bindings, groups)?;
+        }
     }
     Ok(())
 }
@@ -518,6 +604,7 @@ mod tests {
             batch_tile: 8,
             reduce: Reduce::None,
             x_broadcast: false,
+            x_window_rows: None,
             tiled: false,
         },
         Variant {
@@ -527,6 +614,7 @@ mod tests {
             batch_tile: 4,
             reduce: Reduce::Shared,
             x_broadcast: false,
+            x_window_rows: None,
             tiled: false,
         },
         Variant {
@@ -536,6 +624,7 @@ mod tests {
             batch_tile: 8,
             reduce: Reduce::Shared,
             x_broadcast: false,
+            x_window_rows: None,
             tiled: false,
         },
         Variant {
@@ -545,6 +634,7 @@ mod tests {
             batch_tile: 4,
             reduce: Reduce::Subgroup,
             x_broadcast: false,
+            x_window_rows: None,
             tiled: false,
         },
         Variant {
@@ -554,6 +644,7 @@ mod tests {
             batch_tile: 16,
             reduce: Reduce::None,
             x_broadcast: false,
+            x_window_rows: None,
             tiled: false,
         },
         Variant {
@@ -563,6 +654,7 @@ mod tests {
             batch_tile: 4,
             reduce: Reduce::None,
             x_broadcast: true,
+            x_window_rows: None,
             tiled: false,
         },
         Variant {
@@ -572,6 +664,7 @@ mod tests {
             batch_tile: 16,
             reduce: Reduce::None,
             x_broadcast: true,
+            x_window_rows: None,
             tiled: false,
         },
         Variant {
@@ -581,6 +674,7 @@ mod tests {
             batch_tile: 8,
             reduce: Reduce::None,
             x_broadcast: true,
+            x_window_rows: None,
             tiled: false,
         },
     ];
@@ -642,6 +736,27 @@ mod tests {
         eprintln!("{what}: worst error {worst:.3e} of the magnitude");
     }
 
+    /// The forced variants that this device runs, and a twin of each one that broadcasts x reading
+    /// x through windows of about 3 batch rows (so that 17 rows take several dispatches, the last
+    /// one partial), where the device's alignment of uniform bindings allows it at `cols`.
+    fn forced(ctx: &GpuContext, cols: usize) -> Vec<Variant> {
+        let runs =
+            |v: &Variant| !((v.reduce == Reduce::Subgroup || v.x_broadcast) && !ctx.features().subgroups);
+        let variants: Vec<Variant> = FORCED.into_iter().filter(runs).collect();
+        let windowed = variants.iter().filter(|v| v.x_broadcast).filter_map(|v| {
+            let rows = uniform_window_rows(ctx, cols, 3 * 4 * cols as u64)?;
+            Some(Variant { x_window_rows: Some(rows), ..*v })
+        });
+        let windowed: Vec<Variant> = windowed.collect();
+        assert!(
+            !ctx.features().subgroups
+                || ctx.adapter_info().device_type != wgpu::DeviceType::Cpu
+                || !windowed.is_empty(),
+            "no windowed variant at {cols} columns"
+        );
+        variants.into_iter().chain(windowed).collect()
+    }
+
     /// Runs one product through `variant` (or the device's own choice) and checks it; returns
     /// the number of chunks the weight was split into.
     #[allow(clippy::too_many_arguments)]
@@ -684,10 +799,7 @@ mod tests {
             }
         }
         let ctx = gpu();
-        for variant in FORCED {
-            if (variant.reduce == Reduce::Subgroup || variant.x_broadcast) && !ctx.features().subgroups {
-                continue;
-            }
+        for variant in forced(ctx, cols) {
             // The tiled kernel also over more than one block of 64 x 64.
             let more = variant.tiled.then_some((130, 70));
             for (rows, batch) in [(7, 1), (67, 17)].into_iter().chain(more) {
@@ -731,10 +843,8 @@ mod tests {
         let mut cases: Vec<(&str, &GpuContext, Option<Variant>)> =
             both_paths().into_iter().map(|(path, ctx)| (path, ctx, None)).collect();
         let ctx = gpu();
-        for variant in FORCED {
-            if !((variant.reduce == Reduce::Subgroup || variant.x_broadcast) && !ctx.features().subgroups) {
-                cases.push(("forced", ctx, Some(variant)));
-            }
+        for variant in forced(ctx, cols) {
+            cases.push(("forced", ctx, Some(variant)));
         }
         for (path, ctx, variant) in cases {
             for (convention, (rows, batch)) in [(NormWeight::Scale, (67, 1)), (NormWeight::OnePlus, (7, 17))]
@@ -838,10 +948,17 @@ mod tests {
     fn split_and_added_outputs_match_reference() {
         let mut rng = Rng::new("matmul split outputs");
         let ctx = gpu();
-        // The device's own variant, and the tiled kernel that GPUs take at large batches.
-        for (quant, variant) in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q6K]
-            .into_iter()
-            .flat_map(|quant| [(quant, None), (quant, Some(TILED))])
+        // The device's own variant, the tiled kernel that GPUs take at large batches, and the
+        // forced variants' windowed ones (the windows' offsets move the gated input's up
+        // projection and the outputs' batch rows too).
+        for (quant, variant) in
+            [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q6K].into_iter().flat_map(|quant| {
+                let windowed =
+                    forced(gpu(), test_cols(quant)).into_iter().filter(|v| v.x_window_rows.is_some());
+                [(quant, None), (quant, Some(TILED))]
+                    .into_iter()
+                    .chain(windowed.map(move |v| (quant, Some(v))))
+            })
         {
             let cols = test_cols(quant);
             for part_rows in [&[5usize, 19][..], &[33, 7, 7]] {
@@ -985,9 +1102,16 @@ mod tests {
         for quant in QuantType::ALL {
             let mut variants = FORCED.to_vec();
             for batch_tile in [1, 4, 8, 16] {
-                for (row_tile, x_broadcast) in
-                    [(1, false), (2, false), (4, false), (8, false), (4, true), (8, true)]
-                {
+                for (row_tile, x_broadcast, x_window_rows) in [
+                    (1, false, None),
+                    (2, false, None),
+                    (4, false, None),
+                    (8, false, None),
+                    (4, true, None),
+                    (8, true, None),
+                    (4, false, Some(3)),
+                    (4, true, Some(3)),
+                ] {
                     variants.push(Variant {
                         wg_size: 64,
                         threads_per_row: 1,
@@ -995,6 +1119,7 @@ mod tests {
                         batch_tile,
                         reduce: Reduce::None,
                         x_broadcast,
+                        x_window_rows,
                         tiled: false,
                     });
                 }
@@ -1006,6 +1131,7 @@ mod tests {
                         batch_tile,
                         reduce: Reduce::Subgroup,
                         x_broadcast: false,
+                        x_window_rows: None,
                         tiled: false,
                     });
                 }
@@ -1016,6 +1142,7 @@ mod tests {
                     batch_tile,
                     reduce: Reduce::Shared,
                     x_broadcast: false,
+                    x_window_rows: None,
                     tiled: false,
                 });
             }
@@ -1127,6 +1254,7 @@ mod tests {
                                 batch_tile,
                                 reduce: Reduce::Subgroup,
                                 x_broadcast: false,
+                                x_window_rows: None,
                                 tiled: false,
                             });
                         }
