@@ -1,10 +1,14 @@
-//! Bandwidth probes: a vec4 copy and a read-only vec4 reduction (`shaders/copy.wgsl`).
+//! Bandwidth probes: a vec4 copy and a read-only vec4 reduction of a buffer
+//! (`shaders/copy.wgsl`), and a read of a weight matrix as the kernels that read weights see it
+//! (`shaders/read_weights.wgsl`).
 
 use crate::Result;
-use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
+use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor};
 use crate::kernels::ensure;
+use crate::quant::QuantType;
 
 const SOURCE: &str = include_str!("../../../../shaders/copy.wgsl");
+const READ_WEIGHTS_SOURCE: &str = include_str!("../../../../shaders/read_weights.wgsl");
 const WG_SIZE: u32 = 256;
 
 #[repr(C)]
@@ -53,6 +57,38 @@ pub fn read(ctx: &GpuContext, encoder: &mut Encoder, src: &Tensor, sink: &Tensor
     )
 }
 
+/// Records a read of every 16 bytes of `weight` by `groups` workgroups a chunk, each invocation
+/// writing one word of `sink` (which needs `groups * 256` elements).
+pub fn read_weights(
+    ctx: &GpuContext,
+    encoder: &mut Encoder,
+    weight: &QuantMatrix,
+    sink: &Tensor,
+    groups: u32,
+) -> Result<()> {
+    ensure("read_weights", sink.len() >= (groups * WG_SIZE) as usize, || {
+        format!("sink has {} elements, needs {}", sink.len(), groups * WG_SIZE)
+    })?;
+    let source = QuantMatrix::kernel_source(
+        weight.quant(),
+        weight.in_textures(),
+        "read_weights",
+        &[READ_WEIGHTS_SOURCE],
+    )
+    .define("WG_SIZE", format!("{WG_SIZE}u"));
+    for chunk in weight.chunks() {
+        let count = (chunk.rows * weight.row_words() / 4) as u32;
+        let params = encoder.params(ctx, &Params { count, _pad: [0; 3] });
+        ctx.dispatch(
+            encoder,
+            &source,
+            &[chunk.binding(), sink.binding(), params.binding()],
+            ctx.grid(groups),
+        )?;
+    }
+    Ok(())
+}
+
 /// Memory bandwidth of the device, as its own kernels achieve it: the roofline that a
 /// memory-bound kernel (decode's matrix × vector) is measured against.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -63,11 +99,19 @@ pub struct Bandwidth {
     pub copy_bytes_per_s: f64,
     /// Read-only reduction kernel: bytes read per second.
     pub read_bytes_per_s: f64,
+    /// The same reduction of a weight matrix of the same size, read as the kernels that read
+    /// weights read it (from textures on CPU devices): bytes read per second.
+    pub weight_read_bytes_per_s: f64,
 }
 
 impl Bandwidth {
-    /// The faster of the two probes: the best rate at which a kernel here can stream memory.
+    /// The fastest of the probes: the best rate at which a kernel here can stream memory.
     pub fn best_bytes_per_s(&self) -> f64 {
+        self.best_buffer_bytes_per_s().max(self.weight_read_bytes_per_s)
+    }
+
+    /// The faster of the two buffer probes (copy and read of a storage buffer).
+    pub fn best_buffer_bytes_per_s(&self) -> f64 {
         self.copy_bytes_per_s.max(self.read_bytes_per_s)
     }
 }
@@ -89,6 +133,11 @@ pub async fn measure_bandwidth(
     let read_groups = 1024u32;
     let sink = Tensor::empty(ctx, "bandwidth sink", &[(read_groups * WG_SIZE) as usize])?;
     let bytes = (elements * 4) as f64;
+    // About the same bytes as an f32 matrix of rows of 8 words, stored as the model's weights are.
+    let weight_rows = (elements / 8).max(1);
+    let weight_bytes = (weight_rows * 8 * 4) as f64;
+    let zeros = vec![0; weight_rows * 32];
+    let weight = QuantMatrix::upload(ctx, "bandwidth weight", QuantType::F32, weight_rows, 8, &zeros)?;
 
     let time = async |record: &dyn Fn(&mut Encoder) -> Result<()>| -> Result<f64> {
         let mut runs = Vec::with_capacity(repeats + 1);
@@ -107,17 +156,19 @@ pub async fn measure_bandwidth(
     };
     let copy_s = time(&|encoder| copy(ctx, encoder, &src, &dst)).await?;
     let read_s = time(&|encoder| read(ctx, encoder, &src, &sink, read_groups)).await?;
+    let weight_read_s = time(&|encoder| read_weights(ctx, encoder, &weight, &sink, read_groups)).await?;
     Ok(Bandwidth {
         buffer_bytes: bytes as u64,
         copy_bytes_per_s: 2.0 * bytes / copy_s,
         read_bytes_per_s: bytes / read_s,
+        weight_read_bytes_per_s: weight_bytes / weight_read_s,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testing::{POISON, Rng, gpu};
+    use crate::kernels::testing::{POISON, Rng, both_paths, gpu};
 
     #[test]
     fn copy_moves_every_word() {
@@ -149,16 +200,38 @@ mod tests {
         read(ctx, &mut encoder, &src, &sink, groups).unwrap();
         ctx.submit(encoder).unwrap();
         let got = pollster::block_on(sink.to_u32(ctx)).unwrap();
-        // Invocation t xors vec4s t, t + stride, ...; the whole sink xors to the xor of all words.
+        assert_eq!(got, expected_sink(&data, groups));
+    }
+
+    /// What the read probes leave in the sink: invocation t xors vec4s t, t + stride, ...
+    fn expected_sink(data: &[u32], groups: u32) -> Vec<u32> {
         let stride = (groups * WG_SIZE) as usize;
-        let expected: Vec<u32> = (0..stride)
+        (0..stride)
             .map(|t| {
                 (t..data.len() / 4)
                     .step_by(stride)
                     .fold(0, |acc, i| acc ^ data[4 * i] ^ data[4 * i + 1] ^ data[4 * i + 2] ^ data[4 * i + 3])
             })
-            .collect();
-        assert_eq!(got, expected);
+            .collect()
+    }
+
+    /// The weight probe reads every word, from textures and from storage buffers.
+    #[test]
+    fn read_weights_reduces_every_word() {
+        let mut rng = Rng::new("read weights");
+        for (path, ctx) in both_paths() {
+            let groups = 3u32;
+            let data: Vec<u32> = (0..8 * 2503).map(|_| rng.u32()).collect();
+            let weight =
+                QuantMatrix::upload(ctx, "w", QuantType::F32, 2503, 8, bytemuck::cast_slice(&data)).unwrap();
+            let sink = Tensor::empty(ctx, "sink", &[(groups * WG_SIZE) as usize]).unwrap();
+            sink.fill_bits(ctx, 0);
+            let mut encoder = ctx.encoder("test");
+            read_weights(ctx, &mut encoder, &weight, &sink, groups).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(sink.to_u32(ctx)).unwrap();
+            assert_eq!(got, expected_sink(&data, groups), "{path} (textures: {})", weight.in_textures());
+        }
     }
 
     #[test]
@@ -170,6 +243,7 @@ mod tests {
         assert_eq!(bandwidth.buffer_bytes, 1 << 20);
         assert!(bandwidth.copy_bytes_per_s.is_finite() && bandwidth.copy_bytes_per_s > 0.0);
         assert!(bandwidth.read_bytes_per_s.is_finite() && bandwidth.read_bytes_per_s > 0.0);
+        assert!(bandwidth.weight_read_bytes_per_s.is_finite() && bandwidth.weight_read_bytes_per_s > 0.0);
     }
 
     #[test]

@@ -94,10 +94,13 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "roofline:       {:.1} MB of weights per decode step, {:.2} GB/s device probe: {:.1}% of it",
+        "roofline:       {:.1} MB of weights per decode step, {:.2} GB/s device probe: {:.1}% of it \
+         ({:.1}% of the buffer probes' {:.2} GB/s)",
         r.weight_bytes_per_decode_step as f64 / 1e6,
         r.roofline_bytes_per_s / 1e9,
-        r.roofline_fraction * 100.0
+        r.roofline_fraction * 100.0,
+        r.buffer_probe_fraction * 100.0,
+        r.buffer_probe_bytes_per_s / 1e9
     )?;
     writeln!(
         out,
@@ -337,10 +340,17 @@ pub struct BenchReport {
     pub kv_cache_bytes: u64,
     /// The most GPU memory flint's weights, KV cache and activations held at once.
     pub peak_gpu_bytes: u64,
-    /// The faster of the copy and read probes, bytes per second.
+    /// The fastest of the device's probes (a buffer copy, a buffer read, a read of weights as the
+    /// products read them), bytes per second.
     pub roofline_bytes_per_s: f64,
     /// weight_bytes_per_decode_step × decode steps per second, over the roofline.
     pub roofline_fraction: f64,
+    /// The faster of the buffer probes alone (copy and read of a storage buffer), bytes per
+    /// second: where weights are read another way (textures, on CPU devices) it can be far below
+    /// the roofline.
+    pub buffer_probe_bytes_per_s: f64,
+    /// The decode's weight reads over the buffer probes.
+    pub buffer_probe_fraction: f64,
     /// Kernel dispatches one decode step records.
     pub dispatches_per_decode_step: f64,
     /// The same, per transformer layer.
@@ -416,6 +426,8 @@ pub fn run(
         peak_gpu_bytes,
         roofline_bytes_per_s: bandwidth.best_bytes_per_s(),
         roofline_fraction: per_step as f64 * steps_per_s / bandwidth.best_bytes_per_s(),
+        buffer_probe_bytes_per_s: bandwidth.best_buffer_bytes_per_s(),
+        buffer_probe_fraction: per_step as f64 * steps_per_s / bandwidth.best_buffer_bytes_per_s(),
         dispatches_per_decode_step,
         dispatches_per_layer: dispatches_per_decode_step / model.config().n_layers as f64,
     })

@@ -51,9 +51,10 @@ pub fn gpu(args: &GpuArgs) -> anyhow::Result<()> {
     if let Some(b) = bandwidth {
         writeln!(
             out,
-            "bandwidth: copy {:.2} GB/s (read+write), read {:.2} GB/s, on {} MiB",
+            "bandwidth: copy {:.2} GB/s (read+write), read {:.2} GB/s, weights read {:.2} GB/s, on {} MiB",
             b.copy_bytes_per_s / 1e9,
             b.read_bytes_per_s / 1e9,
+            b.weight_read_bytes_per_s / 1e9,
             b.buffer_bytes >> 20
         )?;
     }
