@@ -97,3 +97,30 @@ fn soft_cap(logit: f32) -> f32 {
     let e = exp(-2.0 * abs(x));
     return params.softcap * sign(x) * (1.0 - e) / (1.0 + e);
 }
+
+// The cached key and value vec4 i. KV_TEXTURES (serial kernels): from the kernel's k_texture and
+// v_texture, rgba32uint textures TEXTURE_WIDTH texels wide into which the cache was copied before
+// the dispatch, vec4 i at texel i (a texture load is a gather on lavapipe, a storage load a loop
+// over the lanes); decode never reads its new key from the cache, so the copy has every key it
+// reads. Otherwise from k_cache and v_cache.
+#if KV_TEXTURES
+fn texel(i: u32) -> vec2<u32> {
+    return vec2<u32>(i % TEXTURE_WIDTH, i / TEXTURE_WIDTH);
+}
+
+fn cached_key(i: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(textureLoad(k_texture, texel(i)));
+}
+
+fn cached_value(i: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(textureLoad(v_texture, texel(i)));
+}
+#else
+fn cached_key(i: u32) -> vec4<f32> {
+    return k_cache[i];
+}
+
+fn cached_value(i: u32) -> vec4<f32> {
+    return v_cache[i];
+}
+#endif

@@ -67,6 +67,11 @@ struct HeadConstants {
 @group(0) @binding(7) var<storage, read> context_lens: array<u32>;
 @group(0) @binding(8) var<storage, read> block_table: array<u32>;
 @group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
+// KV_TEXTURES (SERIAL): see cached_key in attention.wgsl.
+#if KV_TEXTURES
+@group(0) @binding(10) var k_texture: texture_storage_2d<rgba32uint, read>;
+@group(0) @binding(11) var v_texture: texture_storage_2d<rgba32uint, read>;
+#endif
 
 const HALF_DIM: u32 = HEAD_DIM / 2u;
 
@@ -303,11 +308,11 @@ fn attention_decode(
         let base = cache_vec4_index(key_slot(seq, key), kv_head);
         var k: array<vec4<f32>, LANE_VEC4S>;
         for (var j = 0u; j < LANE_VEC4S; j++) {
-            k[j] = k_cache[base + lane_vec4(lane, j)];
+            k[j] = cached_key(base + lane_vec4(lane, j));
         }
         let w = score_key(&query, &k, &running_max, &sum);
         for (var j = 0u; j < LANE_VEC4S; j++) {
-            let v = v_cache[base + lane_vec4(lane, j)];
+            let v = cached_value(base + lane_vec4(lane, j));
             for (var h = 0u; h < GROUP_HEADS; h++) {
                 acc[h * LANE_VEC4S + j] = acc[h * LANE_VEC4S + j] * w.rescale[h] + w.p[h] * v;
             }

@@ -29,8 +29,15 @@
 
 @group(0) @binding(0) var<uniform> params: AttentionParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+// KV_TEXTURES (SERIAL): the cache's keys and values copied into textures, read instead of the
+// buffers (see cached_key in attention.wgsl).
+#if KV_TEXTURES
+@group(0) @binding(2) var k_texture: texture_storage_2d<rgba32uint, read>;
+@group(0) @binding(3) var v_texture: texture_storage_2d<rgba32uint, read>;
+#else
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
+#endif
 @group(0) @binding(4) var<storage, read> seq_ids: array<u32>;
 @group(0) @binding(5) var<storage, read> positions: array<u32>;
 @group(0) @binding(6) var<storage, read> block_table: array<u32>;
@@ -110,8 +117,8 @@ fn attention_prefill(
             var k: array<vec4<f32>, LANE_VEC4S>;
             var v: array<vec4<f32>, LANE_VEC4S>;
             for (var j = 0u; j < LANE_VEC4S; j++) {
-                k[j] = k_cache[base + lane_vec4(lane, j)];
-                v[j] = v_cache[base + lane_vec4(lane, j)];
+                k[j] = cached_key(base + lane_vec4(lane, j));
+                v[j] = cached_value(base + lane_vec4(lane, j));
             }
             for (var r = 0u; r < ROWS; r++) {
                 let sees = r >= run_start && r < run_end && key >= first_key[r] && key < end_key[r];

@@ -117,6 +117,8 @@ pub struct GpuContext {
     /// The open profile, while kernels are being timed.
     pub(crate) profile: Mutex<Option<Profile>>,
     pub(crate) memory: Arc<MemoryLedger>,
+    /// The textures [`GpuContext::scratch_textures`] hands out, and the words each holds.
+    scratch_textures: Mutex<Option<(usize, [wgpu::Texture; 2])>>,
 }
 
 const NO_ADAPTER_HELP: &str = "no GPU adapter found. flint needs a GPU with Vulkan, Metal, DX12 or \
@@ -184,8 +186,31 @@ impl GpuContext {
             profile: Mutex::new(None),
             memory: Arc::new(MemoryLedger::new(options.memory_budget)),
             captured_error,
+            scratch_textures: Mutex::new(None),
         });
         Ok(ctx)
+    }
+
+    /// Two word textures ([`crate::gpu::weight::words_texture`]) of at least `words` words each,
+    /// the same two from call to call (replaced by larger ones as needed), for kernels that read
+    /// a buffer faster through a texture (on lavapipe a storage load is a loop over the lanes,
+    /// a texture load a gather). Every user records a copy into them before the dispatch that
+    /// reads them, so sharing them is safe in command order. None where `words` needs more rows
+    /// than the device's textures may have.
+    pub(crate) fn scratch_textures(&self, words: usize) -> Option<[wgpu::Texture; 2]> {
+        if crate::gpu::weight::words_texture_rows(words) > self.limits.max_texture_dimension_2d {
+            return None;
+        }
+        let mut scratch = self.scratch_textures.lock().unwrap_or_else(|e| e.into_inner());
+        match &*scratch {
+            Some((held, textures)) if *held >= words => Some(textures.clone()),
+            _ => {
+                let make = |label| crate::gpu::weight::words_texture(self, label, words);
+                let textures = [make("flint scratch texture 0"), make("flint scratch texture 1")];
+                *scratch = Some((words, textures.clone()));
+                Some(textures)
+            }
+        }
     }
 
     /// The wgpu device.

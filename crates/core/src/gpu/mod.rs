@@ -9,7 +9,7 @@ mod memory;
 mod pipeline;
 mod profile;
 mod tensor;
-mod weight;
+pub(crate) mod weight;
 
 pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions, WeightStorage};
 pub use encoder::{Encoder, ParamsSlot};

@@ -453,10 +453,20 @@ fn texture_size(words: usize) -> wgpu::Extent3d {
 /// A texture holding the words of `buffer` (see the module comment), filled by a copy on the
 /// GPU; the buffer can be dropped once the copy is submitted.
 fn copy_to_texture(ctx: &GpuContext, label: &str, buffer: &wgpu::Buffer) -> Result<ChunkStorage> {
-    let size = texture_size((buffer.size() / 4) as usize);
-    let texture = ctx.device().create_texture(&wgpu::TextureDescriptor {
+    let texture = words_texture(ctx, label, (buffer.size() / 4) as usize);
+    let mut encoder = ctx.encoder("flint weight texture");
+    record_copy_to_texture(encoder.raw(), buffer, buffer.size(), &texture);
+    ctx.submit(encoder).map_err(|e| Error::Gpu(format!("copying '{label}' into a texture: {e}")))?;
+    let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+    Ok(ChunkStorage::Texture(view))
+}
+
+/// An `rgba32uint` texture [`TEXTURE_WIDTH`] texels wide that holds `words` words, four a texel,
+/// for kernels to read with `textureLoad` (the layout of weight chunks in textures).
+pub(crate) fn words_texture(ctx: &GpuContext, label: &str, words: usize) -> wgpu::Texture {
+    ctx.device().create_texture(&wgpu::TextureDescriptor {
         label: Some(label),
-        size,
+        size: texture_size(words),
         mip_level_count: 1,
         sample_count: 1,
         dimension: wgpu::TextureDimension::D2,
@@ -465,17 +475,30 @@ fn copy_to_texture(ctx: &GpuContext, label: &str, buffer: &wgpu::Buffer) -> Resu
             | wgpu::TextureUsages::COPY_DST
             | wgpu::TextureUsages::COPY_SRC,
         view_formats: &[],
-    });
+    })
+}
+
+/// The rows of texels a [`words_texture`] of `words` words has.
+pub(crate) fn words_texture_rows(words: usize) -> u32 {
+    texture_size(words).height
+}
+
+/// Records a copy of the first `bytes` of `buffer` (a multiple of 16) into a [`words_texture`]
+/// at least that large: whole texture rows, then the texels of the last, partial row.
+pub(crate) fn record_copy_to_texture(
+    encoder: &mut wgpu::CommandEncoder,
+    buffer: &wgpu::Buffer,
+    bytes: u64,
+    texture: &wgpu::Texture,
+) {
     let row_bytes = u64::from(TEXTURE_WIDTH) * 16;
-    let full_rows = (buffer.size() / row_bytes) as u32;
-    let last_texels = ((buffer.size() % row_bytes) / 16) as u32;
-    let mut encoder = ctx.encoder("flint weight texture");
-    // Whole texture rows, then the texels of the last, partial row.
+    let full_rows = (bytes / row_bytes) as u32;
+    let last_texels = ((bytes % row_bytes) / 16) as u32;
     for (first_row, rows, width) in [(0, full_rows, TEXTURE_WIDTH), (full_rows, 1, last_texels)] {
         if rows == 0 || width == 0 {
             continue;
         }
-        encoder.raw().copy_buffer_to_texture(
+        encoder.copy_buffer_to_texture(
             wgpu::TexelCopyBufferInfo {
                 buffer,
                 layout: wgpu::TexelCopyBufferLayout {
@@ -485,7 +508,7 @@ fn copy_to_texture(ctx: &GpuContext, label: &str, buffer: &wgpu::Buffer) -> Resu
                 },
             },
             wgpu::TexelCopyTextureInfo {
-                texture: &texture,
+                texture,
                 mip_level: 0,
                 origin: wgpu::Origin3d { x: 0, y: first_row, z: 0 },
                 aspect: wgpu::TextureAspect::All,
@@ -493,9 +516,6 @@ fn copy_to_texture(ctx: &GpuContext, label: &str, buffer: &wgpu::Buffer) -> Resu
             wgpu::Extent3d { width, height: rows, depth_or_array_layers: 1 },
         );
     }
-    ctx.submit(encoder).map_err(|e| Error::Gpu(format!("copying '{label}' into a texture: {e}")))?;
-    let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-    Ok(ChunkStorage::Texture(view))
 }
 
 /// Writes one GGUF row into `out` in its GPU layout: the `body` bytes of each block back to

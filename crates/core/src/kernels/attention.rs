@@ -54,6 +54,7 @@
 //! ```
 
 use crate::Result;
+use crate::gpu::weight::{TEXTURE_WIDTH, record_copy_to_texture};
 use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_in_place};
@@ -564,9 +565,11 @@ fn decode_as(
     // The serial variant may serve fewer heads at a time than a chunk.
     let group_heads = match variant {
         DecodeVariant::Workgroups | DecodeVariant::Split { .. } => chunk_heads,
-        DecodeVariant::Serial { group_heads } => group_heads,
+        DecodeVariant::Serial { group_heads, .. } => group_heads,
     };
-    let source = decode_source(heads, group_heads, variant);
+    let kv_textures = matches!(variant, DecodeVariant::Serial { kv_textures: true, .. });
+    let views = kv_snapshot(ctx, encoder, cache, kv_textures);
+    let source = decode_source(heads, group_heads, variant).define("KV_TEXTURES", views.is_some());
     let groups = n_seqs * n_heads / group_heads;
     // Split: the partial results go to a buffer of their own, and a second pass combines them.
     let (splits, partials) = match variant {
@@ -581,23 +584,22 @@ fn decode_as(
     };
     let params = encoder.params(ctx, &params);
     let workgroups = groups * splits;
-    ctx.dispatch(
-        encoder,
-        &source,
-        &[
-            params.binding(),
-            heads.constants.as_entire_binding(),
-            new.q.binding(),
-            new.k.binding(),
-            new.v.binding(),
-            cache.k.binding(),
-            cache.v.binding(),
-            batch.context_lens.binding(),
-            batch.block_table.binding(),
-            partials.as_ref().unwrap_or(out).binding(),
-        ],
-        ctx.grid(workgroups as u32),
-    )?;
+    let mut bindings = vec![
+        params.binding(),
+        heads.constants.as_entire_binding(),
+        new.q.binding(),
+        new.k.binding(),
+        new.v.binding(),
+        cache.k.binding(),
+        cache.v.binding(),
+        batch.context_lens.binding(),
+        batch.block_table.binding(),
+        partials.as_ref().unwrap_or(out).binding(),
+    ];
+    if let Some(views) = &views {
+        bindings.extend(views.iter().map(wgpu::BindingResource::TextureView));
+    }
+    ctx.dispatch(encoder, &source, &bindings, ctx.grid(workgroups as u32))?;
     let Some(partials) = partials else {
         return Ok(());
     };
@@ -663,25 +665,50 @@ fn prefill_as(
     let params = encoder.params(ctx, &params);
     let chunk_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
     let variant = variant.unwrap_or_else(|| PrefillVariant::choose(ctx, chunk_heads, geometry.head_dim));
-    let workgroups = match variant {
-        PrefillVariant::Workgroups => n_tokens.div_ceil(PREFILL_ROWS as usize) * n_heads,
-        PrefillVariant::Serial { group_heads, rows } => n_tokens.div_ceil(rows) * n_heads / group_heads,
+    let (workgroups, kv_textures) = match variant {
+        PrefillVariant::Workgroups => (n_tokens.div_ceil(PREFILL_ROWS as usize) * n_heads, false),
+        PrefillVariant::Serial { group_heads, rows, kv_textures } => {
+            (n_tokens.div_ceil(rows) * n_heads / group_heads, kv_textures)
+        }
     };
-    ctx.dispatch(
-        encoder,
-        &prefill_source(geometry.head_dim, variant),
-        &[
-            params.binding(),
-            q.binding(),
-            cache.k.binding(),
-            cache.v.binding(),
-            batch.seq_ids.binding(),
-            batch.positions.binding(),
-            batch.block_table.binding(),
-            out.binding(),
-        ],
-        ctx.grid(workgroups as u32),
-    )
+    let views = kv_snapshot(ctx, encoder, cache, kv_textures);
+    // The keys and values: the textures in place of the buffers, where they were copied.
+    let [keys, values] = match &views {
+        Some([k, v]) => [wgpu::BindingResource::TextureView(k), wgpu::BindingResource::TextureView(v)],
+        None => [cache.k.binding(), cache.v.binding()],
+    };
+    let bindings = [
+        params.binding(),
+        q.binding(),
+        keys,
+        values,
+        batch.seq_ids.binding(),
+        batch.positions.binding(),
+        batch.block_table.binding(),
+        out.binding(),
+    ];
+    let source = prefill_source(geometry.head_dim, variant).define("KV_TEXTURES", views.is_some());
+    ctx.dispatch(encoder, &source, &bindings, ctx.grid(workgroups as u32))
+}
+
+/// Where `wanted` and the layer's cache fits them: two textures ([`GpuContext::scratch_textures`])
+/// with copies of its keys and values recorded into them, as views for a serial kernel built
+/// with KV_TEXTURES to read instead of the cache's buffers.
+fn kv_snapshot(
+    ctx: &GpuContext,
+    encoder: &mut Encoder,
+    cache: &KvCacheLayer,
+    wanted: bool,
+) -> Option<[wgpu::TextureView; 2]> {
+    if !wanted {
+        return None;
+    }
+    let textures = ctx.scratch_textures(cache.k.len())?;
+    let bytes = (cache.k.len() * 4) as u64;
+    for (tensor, texture) in [cache.k, cache.v].into_iter().zip(&textures) {
+        record_copy_to_texture(encoder.raw(), tensor.buffer(), bytes, texture);
+    }
+    Some(textures.map(|t| t.create_view(&wgpu::TextureViewDescriptor::default())))
 }
 
 /// Checks `q` and `out` against `rows` query rows and the cache's heads; returns n_heads.
@@ -788,8 +815,11 @@ enum DecodeVariant {
     /// where invocations are SIMD lanes of one thread, a tile of keys in workgroup memory costs
     /// every lane a loop over it, and private arrays too long to unroll live in memory (on
     /// lavapipe the workgroup form took 3.5 ms a layer for a sequence of SmolLM2 at 256 keys,
-    /// an invocation per head over all its keys 1.5-2.2, this form 0.83).
-    Serial { group_heads: usize },
+    /// an invocation per head over all its keys 1.5-2.2, this form 0.83). With `kv_textures`
+    /// the layer's cached keys and values are copied into two textures
+    /// ([`GpuContext::scratch_textures`]) before the dispatch, which reads them from there: a
+    /// texture load is a gather on lavapipe, a storage load a loop over the lanes.
+    Serial { group_heads: usize, kv_textures: bool },
 }
 
 impl DecodeVariant {
@@ -832,7 +862,7 @@ impl DecodeVariant {
             .filter(|d| largest.is_multiple_of(*d))
             .find(|&d| groups(d) >= threads)
             .unwrap_or(1);
-        DecodeVariant::Serial { group_heads }
+        DecodeVariant::Serial { group_heads, kv_textures: ctx.features().weight_textures }
     }
 }
 
@@ -857,8 +887,10 @@ fn serial_max_group_heads(chunk_heads: usize, head_dim: usize) -> usize {
 }
 
 fn decode_source(heads: &HeadTransform, group_heads: usize, variant: DecodeVariant) -> KernelSource {
-    let source =
-        heads.kernel("attention_decode", &[COMMON, DECODE]).define("GROUP_HEADS", format!("{group_heads}u"));
+    let source = heads
+        .kernel("attention_decode", &[COMMON, DECODE])
+        .define("GROUP_HEADS", format!("{group_heads}u"))
+        .define("TEXTURE_WIDTH", format!("{TEXTURE_WIDTH}u"));
     match variant {
         DecodeVariant::Workgroups => source.define("WG", format!("{DECODE_WG}u")),
         DecodeVariant::Split { .. } => source.define("WG", format!("{DECODE_WG}u")).define("SPLIT", true),
@@ -884,7 +916,8 @@ enum PrefillVariant {
     /// A workgroup of [`DECODE_SERIAL_WG`] lanes in one subgroup per (tile of `rows` tokens, kv
     /// head, chunk of `group_heads` query heads), the lanes splitting the heads' dims and walking
     /// the keys together, as in [`DecodeVariant::Serial`]: CPU devices with subgroups.
-    Serial { group_heads: usize, rows: usize },
+    /// With `kv_textures`, as [`DecodeVariant::Serial`].
+    Serial { group_heads: usize, rows: usize, kv_textures: bool },
 }
 
 impl PrefillVariant {
@@ -899,7 +932,11 @@ impl PrefillVariant {
             return PrefillVariant::Workgroups;
         }
         let group_heads = serial_max_group_heads(chunk_heads, head_dim);
-        PrefillVariant::Serial { group_heads, rows: prefill_serial_rows(group_heads, head_dim) }
+        PrefillVariant::Serial {
+            group_heads,
+            rows: prefill_serial_rows(group_heads, head_dim),
+            kv_textures: ctx.features().weight_textures,
+        }
     }
 }
 
@@ -923,7 +960,8 @@ fn prefill_source(head_dim: usize, variant: PrefillVariant) -> KernelSource {
             .define("ROWS", format!("{PREFILL_ROWS}u"))
             .define("LANES", format!("{PREFILL_LANES}u"))
             .define("TILE_KEYS", format!("{}u", prefill_tile_keys(head_dim))),
-        PrefillVariant::Serial { group_heads, rows } => source
+        PrefillVariant::Serial { group_heads, rows, .. } => source
+            .define("TEXTURE_WIDTH", format!("{TEXTURE_WIDTH}u"))
             .define("ROWS", format!("{rows}u"))
             .define("WG", format!("{DECODE_SERIAL_WG}u"))
             .define("GROUP_HEADS", format!("{group_heads}u"))
@@ -1237,8 +1275,9 @@ mod tests {
             DecodeVariant::Workgroups,
             DecodeVariant::Split { key_span: 3 },
             DecodeVariant::Split { key_span: 64 },
-            DecodeVariant::Serial { group_heads: 1 },
-            DecodeVariant::Serial { group_heads: chunked },
+            DecodeVariant::Serial { group_heads: 1, kv_textures: false },
+            DecodeVariant::Serial { group_heads: chunked, kv_textures: false },
+            DecodeVariant::Serial { group_heads: chunked, kv_textures: true },
         ];
         let serial_runs =
             ctx.features().subgroups && ctx.adapter_info().subgroup_min_size >= DECODE_SERIAL_WG;
@@ -1403,7 +1442,9 @@ mod tests {
                 let mut variants = vec![None, Some(DecodeVariant::Workgroups)];
                 if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
                     for group_heads in (1..=chunk).filter(|d| chunk.is_multiple_of(*d)) {
-                        variants.push(Some(DecodeVariant::Serial { group_heads }));
+                        for kv_textures in [false, true] {
+                            variants.push(Some(DecodeVariant::Serial { group_heads, kv_textures }));
+                        }
                     }
                 }
                 for variant in variants {
@@ -1545,8 +1586,9 @@ mod tests {
         let mut variants = vec![PrefillVariant::Workgroups];
         if ctx.features().subgroups && ctx.adapter_info().subgroup_min_size >= DECODE_SERIAL_WG {
             variants.extend([
-                PrefillVariant::Serial { group_heads: 1, rows: 1 },
-                PrefillVariant::Serial { group_heads: largest, rows: 3 },
+                PrefillVariant::Serial { group_heads: 1, rows: 1, kv_textures: false },
+                PrefillVariant::Serial { group_heads: largest, rows: 3, kv_textures: false },
+                PrefillVariant::Serial { group_heads: largest, rows: 3, kv_textures: true },
                 PrefillVariant::choose(ctx, chunk, heads.head_dim),
             ]);
         }
@@ -1738,7 +1780,10 @@ mod tests {
             for group_heads in (1..=DECODE_MAX_GROUP_HEADS).filter(|g| g * head_dim <= SERIAL_MAX_HEAD_VALUES)
             {
                 let rows = prefill_serial_rows(group_heads, head_dim);
-                sources.push(prefill_source(head_dim, PrefillVariant::Serial { group_heads, rows }));
+                for kv_textures in [false, true] {
+                    let serial = PrefillVariant::Serial { group_heads, rows, kv_textures };
+                    sources.push(prefill_source(head_dim, serial).define("KV_TEXTURES", kv_textures));
+                }
             }
             for heads in &transforms {
                 for group_heads in 1..=DECODE_MAX_GROUP_HEADS {
@@ -1746,11 +1791,12 @@ mod tests {
                     sources.push(decode_source(heads, group_heads, DecodeVariant::Split { key_span: 64 }));
                     sources.push(combine_source(head_dim, group_heads));
                     if group_heads * head_dim <= SERIAL_MAX_HEAD_VALUES {
-                        sources.push(decode_source(
-                            heads,
-                            group_heads,
-                            DecodeVariant::Serial { group_heads },
-                        ));
+                        for kv_textures in [false, true] {
+                            let serial = DecodeVariant::Serial { group_heads, kv_textures };
+                            sources.push(
+                                decode_source(heads, group_heads, serial).define("KV_TEXTURES", kv_textures),
+                            );
+                        }
                     }
                 }
             }
