@@ -37,7 +37,7 @@
 //! // 4 blocks of 16 tokens, 2 kv heads of 64; one sequence whose third token (position 2) is
 //! // new, in blocks 2 and 0.
 //! let (k, v) = (Tensor::empty(&ctx, "k", &[4, 16, 2, 64])?, Tensor::empty(&ctx, "v", &[4, 16, 2, 64])?);
-//! let cache = KvCacheLayer { k: &k, v: &v };
+//! let cache = KvCacheLayer::new(&k, &v);
 //! let block_table = Tensor::from_slice(&ctx, "table", &[1, 2], &[2u32, 0])?;
 //! let context_lens = Tensor::from_slice(&ctx, "lens", &[1], &[3u32])?;
 //! let q = Tensor::from_slice(&ctx, "q", &[1, 8 * 64], &[0.1f32; 512])?; // 8 query heads
@@ -98,6 +98,16 @@ pub struct KvCacheLayer<'a> {
     pub k: &'a Tensor,
     /// Values, the same shape as the keys.
     pub v: &'a Tensor,
+    /// Blocks `0 .. blocks_in_use` include every block that the tables of a batch run against
+    /// this layer list: a kernel that copies the cache before reading it copies only those.
+    pub blocks_in_use: usize,
+}
+
+impl<'a> KvCacheLayer<'a> {
+    /// K and V with every block in use.
+    pub fn new(k: &'a Tensor, v: &'a Tensor) -> Self {
+        KvCacheLayer { k, v, blocks_in_use: k.shape().first().copied().unwrap_or(0) }
+    }
 }
 
 /// How scores are formed and masked, shared by [`decode`] and [`prefill`].
@@ -692,8 +702,9 @@ fn prefill_as(
 }
 
 /// Where `wanted` and the layer's cache fits them: two textures ([`GpuContext::scratch_textures`])
-/// with copies of its keys and values recorded into them, as views for a serial kernel built
-/// with KV_TEXTURES to read instead of the cache's buffers.
+/// with copies of its keys and values recorded into them (the blocks in use: a cache sized for a
+/// long context costs only what it holds), as views for a serial kernel built with KV_TEXTURES
+/// to read instead of the cache's buffers.
 fn kv_snapshot(
     ctx: &GpuContext,
     encoder: &mut Encoder,
@@ -703,8 +714,13 @@ fn kv_snapshot(
     if !wanted {
         return None;
     }
-    let textures = ctx.scratch_textures(cache.k.len())?;
-    let bytes = (cache.k.len() * 4) as u64;
+    let num_blocks = cache.k.shape().first().copied().unwrap_or(0);
+    let words = cache.k.len() / num_blocks.max(1) * cache.blocks_in_use.min(num_blocks);
+    if words == 0 {
+        return None;
+    }
+    let textures = ctx.scratch_textures(words)?;
+    let bytes = (words * 4) as u64;
     for (tensor, texture) in [cache.k, cache.v].into_iter().zip(&textures) {
         record_copy_to_texture(encoder.raw(), tensor.buffer(), bytes, texture);
     }
@@ -1289,7 +1305,7 @@ mod tests {
             let shape = cache.shape();
             let k_cache = Tensor::from_slice(ctx, "k_cache", &shape, &k_before).unwrap();
             let v_cache = Tensor::from_slice(ctx, "v_cache", &shape, &v_before).unwrap();
-            let layer = KvCacheLayer { k: &k_cache, v: &v_cache };
+            let layer = KvCacheLayer::new(&k_cache, &v_cache);
             let mut encoder = ctx.encoder("test");
             decode_as(
                 ctx,
@@ -1420,7 +1436,7 @@ mod tests {
                     cache.fill(&mut rng, seq, len - 1);
                 }
                 let (k_cache, v_cache) = cache.upload(ctx);
-                let layer = KvCacheLayer { k: &k_cache, v: &v_cache };
+                let layer = KvCacheLayer::new(&k_cache, &v_cache);
                 let test_heads = TestHeads::new(ctx, &mut rng, transform, heads.head_dim);
                 let kv_row = heads.n_kv_heads * heads.head_dim;
                 let q = random_queries(&mut rng, n_seqs, heads);
@@ -1562,7 +1578,7 @@ mod tests {
         let out = Tensor::empty(ctx, "out", &shape).unwrap();
         out.fill_bits(ctx, POISON);
 
-        let layer = KvCacheLayer { k: &k, v: &v };
+        let layer = KvCacheLayer::new(&k, &v);
         let mut encoder = ctx.encoder("test");
         store_kv(ctx, &mut encoder, &layer, &k_new_gpu, &v_new_gpu, &slots_gpu).unwrap();
         let batch =
@@ -1688,7 +1704,7 @@ mod tests {
                 let slots = Tensor::from_slice(ctx, "slots", &[n_tokens], &slots).unwrap();
                 let k_cache = Tensor::from_slice(ctx, "k_cache", &shape, &before).unwrap();
                 let v_cache = Tensor::from_slice(ctx, "v_cache", &shape, &before).unwrap();
-                let cache = KvCacheLayer { k: &k_cache, v: &v_cache };
+                let cache = KvCacheLayer::new(&k_cache, &v_cache);
                 let mut encoder = ctx.encoder("test");
                 if fused {
                     rope_and_store_kv(ctx, &mut encoder, &rotary, &q, &k, &v, &positions, &cache, &slots)
@@ -1740,8 +1756,7 @@ mod tests {
         let v_new_gpu = Tensor::from_slice(ctx, "v_new", &[n_tokens, row], &v_new).unwrap();
         let slots_gpu = Tensor::from_slice(ctx, "slots", &[n_tokens], &slots).unwrap();
         let mut encoder = ctx.encoder("test");
-        store_kv(ctx, &mut encoder, &KvCacheLayer { k: &k, v: &v }, &k_new_gpu, &v_new_gpu, &slots_gpu)
-            .unwrap();
+        store_kv(ctx, &mut encoder, &KvCacheLayer::new(&k, &v), &k_new_gpu, &v_new_gpu, &slots_gpu).unwrap();
         ctx.submit(encoder).unwrap();
 
         let (mut expected_k, mut expected_v) = (before_k, before_v);
@@ -1813,7 +1828,7 @@ mod tests {
         let ctx = gpu();
         let tensor = |shape: &[usize]| Tensor::empty(ctx, "t", shape).unwrap();
         let (k, v) = (tensor(&[4, 16, 2, 64]), tensor(&[4, 16, 2, 64]));
-        let cache = KvCacheLayer { k: &k, v: &v };
+        let cache = KvCacheLayer::new(&k, &v);
         let (lens, table) = (tensor(&[3]), tensor(&[3, 4]));
         let batch = DecodeBatch { context_lens: &lens, block_table: &table };
         let options = AttentionOptions::new(64);
@@ -1843,11 +1858,11 @@ mod tests {
         assert!(err.contains("heads of 32"), "{err}");
         // A head size past the limit.
         let (k_big, v_big) = (tensor(&[1, 4, 1, 260]), tensor(&[1, 4, 1, 260]));
-        let big = KvCacheLayer { k: &k_big, v: &v_big };
+        let big = KvCacheLayer::new(&k_big, &v_big);
         let err = decode_err(&heads, &tensor(&[3, 1, 260]), &kv_new, &big, &batch, &options);
         assert!(err.contains("head_dim 260"), "{err}");
         // K and V of different shapes.
-        let mismatched = KvCacheLayer { k: &k, v: &k_big };
+        let mismatched = KvCacheLayer::new(&k, &k_big);
         let err = decode_err(&heads, &q, &kv_new, &mismatched, &batch, &options);
         assert!(err.contains("num_blocks"), "{err}");
         // A block table with rows for other sequences.

@@ -87,6 +87,12 @@ impl BlockPool {
         self.evictable.len()
     }
 
+    /// One past the highest block id that some table holds (0 when none): every block a table
+    /// lists lies below it.
+    pub fn held_end(&self) -> usize {
+        self.refs.iter().rposition(|&refs| refs > 0).map_or(0, |i| i + 1)
+    }
+
     /// Blocks listed by at least one table.
     pub fn held_blocks(&self) -> usize {
         self.num_blocks() - self.available_blocks()
@@ -191,6 +197,20 @@ mod tests {
         assert_eq!(pool.allocate(), Some(0));
         assert_eq!(pool.lookup(key, None, &[1, 2]), None, "evicted");
         assert_eq!(pool.allocate(), None);
+    }
+
+    #[test]
+    fn held_end_covers_every_held_block() {
+        let mut pool = BlockPool::new(4);
+        assert_eq!(pool.held_end(), 0);
+        let blocks: Vec<u32> = (0..3).filter_map(|_| pool.allocate()).collect();
+        assert_eq!((blocks, pool.held_end()), (vec![0, 1, 2], 3));
+        pool.release(2);
+        assert_eq!(pool.held_end(), 2);
+        pool.release(0);
+        assert_eq!(pool.held_end(), 2, "block 1 is still held");
+        pool.release(1);
+        assert_eq!(pool.held_end(), 0);
     }
 
     #[test]

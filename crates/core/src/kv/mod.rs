@@ -213,7 +213,7 @@ impl KvCache {
     /// When `layer` is not below [`KvCacheShape::layers`].
     pub fn layer(&self, layer: usize) -> KvCacheLayer<'_> {
         let tensors = &self.layers[layer];
-        KvCacheLayer { k: &tensors.k, v: &tensors.v }
+        KvCacheLayer { k: &tensors.k, v: &tensors.v, blocks_in_use: self.blocks.held_end() }
     }
 
     /// An empty block table for a new sequence.
