@@ -15,7 +15,8 @@
 //   activations are the same for the whole subgroup, so for each block of 32 columns lane j
 //   loads the j-th vec4 of it (of every batch row of the tile) and subgroupBroadcast hands
 //   them to the others; on a CPU device, where a load is a gather over the SIMD lanes, that
-//   turns 8 gathers of one useful value into 1 gather of 8.
+//   turns 8 gathers of one useful value into 1 gather of 8. The last cols % 32 (float types)
+//   are loaded plainly.
 // X_UNIFORM: x (and x_up) are a window of X_WINDOW_VEC4S vec4s of the activations in a uniform
 //   binding, batch rows first_batch .. first_batch + batch of them: lavapipe gathers uniform
 //   loads with plain vector code where a storage load is a branchy loop over the lanes (about
@@ -36,9 +37,9 @@
 //   the rest to y2, each [batch, its own rows]. ADD_TO_OUTPUT adds the products to what y
 //   holds (a residual connection) instead of overwriting it.
 // Grid: x (+ y past 65535) over row groups, linear index wg.x + wg.y * num_workgroups.x;
-//   z over batch tiles of BATCH_TILE (of the window's batch rows with X_UNIFORM). Rows past the chunk and batch rows past `batch` compute
-//   on clamped indices (so barriers and broadcasts stay in uniform control flow) and write
-//   nothing.
+//   z over batch tiles of BATCH_TILE (of the window's batch rows with X_UNIFORM). Rows past the
+//   chunk and batch rows past `batch` compute on clamped indices (so barriers and broadcasts
+//   stay in uniform control flow) and write nothing.
 
 struct Params {
     rows: u32,
