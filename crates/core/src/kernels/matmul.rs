@@ -533,10 +533,10 @@ fn record(
         [a, b, ..] if tensors.len() > 1 => (*a, a + b),
         _ => (weight.rows(), weight.rows()),
     };
-    // x (or a window of it) as bound for batch rows from `first`.
-    fn x_binding(x: &Tensor, first: usize, window_bytes: Option<u64>) -> wgpu::BindingResource<'_> {
+    // x as bound: the window from byte `offset` on, or the whole tensor.
+    fn x_binding(x: &Tensor, offset: u64, window_bytes: Option<u64>) -> wgpu::BindingResource<'_> {
         match window_bytes {
-            Some(bytes) => x.window_binding((first * x.shape().last().unwrap_or(&0) * 4) as u64, bytes),
+            Some(bytes) => x.window_binding(offset, bytes),
             None => x.binding(),
         }
     }
@@ -544,6 +544,7 @@ fn record(
         let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
         for first_batch in (0..batch).step_by(per_dispatch) {
             let rows_here = per_dispatch.min(batch - first_batch);
+            let x_offset = (first_batch * cols * 4) as u64;
             let params = encoder.params(
                 ctx,
                 &Params {
@@ -565,7 +566,7 @@ fn record(
             );
             let mut bindings = vec![
                 chunk.binding(),
-                x_binding(input.x(), first_batch, window_bytes),
+                x_binding(input.x(), x_offset, window_bytes),
                 tensors[0].binding(),
                 params.binding(),
             ];
@@ -573,7 +574,7 @@ fn record(
             // the norm's weight.
             bindings.extend(tensors[1..].iter().map(|y| y.binding()));
             match input {
-                Input::Gated(gated) => bindings.push(x_binding(gated.up, first_batch, window_bytes)),
+                Input::Gated(gated) => bindings.push(x_binding(gated.up, x_offset, window_bytes)),
                 Input::Normed(_, norm) => bindings.push(norm.weight.binding()),
                 Input::Plain(_) => {}
             }
