@@ -32,6 +32,14 @@
 //   give them: each invocation scales x by the weight as it loads it, adds the squares of x to
 //   a sum per batch row (kept beside the tile's sums and reduced with them), and multiplies the
 //   products by 1 / sqrt(sum / cols + eps) at the end, which saves the norm's pass and dispatch.
+// Residual input (RESIDUAL, with NORMED: Gemma 3's post-norms): the activations are
+//   residual + post_norm(sublayer), normalised by the product's own norm as NORMED does, where
+//   norm_weight holds the product's norm's weight then the post-norm's (cols each) and
+//   post_norm is an RMSNorm of the sublayer's row. A prologue sums each batch row's squares of
+//   the sublayer across the workgroup (the post-norm's 1 / rms, in post_scales); the sum itself
+//   is computed as it is loaded, and the workgroups of the first row group of the first chunk
+//   (write_sum) store it in residual_out, the residual stream for the layers after. That is the
+//   joint between two sublayers, which took its own dispatch and pass, inside the next product.
 // Outputs: y[b, r] for out_rows rows; or, with SPLIT (weights stacked from several matrices),
 //   rows below second_row go to y, rows from second_row to third_row to y1 and, with THIRD,
 //   the rest to y2, each [batch, its own rows]. ADD_TO_OUTPUT adds the products to what y
@@ -54,6 +62,8 @@ struct Params {
     eps: f32,
     // The batch row of the output that x's row 0 is (X_UNIFORM's windows; else 0).
     first_batch: u32,
+    // RESIDUAL: 1 where this dispatch's first row group stores the residual sum.
+    write_sum: u32,
 }
 
 // @binding(0): `weights`, declared in quant/common.wgsl.
@@ -85,18 +95,28 @@ var<private> p: Params;
 #if THIRD
 @group(0) @binding(5) var<storage, read_write> y2: array<f32>;
 #endif
-// The weight of the RMSNorm of a normalised input, after the outputs.
+// The weight of the RMSNorm of a normalised input (RESIDUAL: then the post-norm's), after the
+// outputs at NORM_BINDING; in a uniform binding where x is (lavapipe gathers those without a
+// loop over the lanes).
 #if NORMED
-#if THIRD
-@group(0) @binding(6) var<storage, read> norm_weight: array<vec4<f32>>;
+#if X_UNIFORM
+@group(0) @binding(NORM_BINDING) var<uniform> norm_weight: array<vec4<f32>, NORM_VEC4S>;
 #else
-#if SPLIT
-@group(0) @binding(5) var<storage, read> norm_weight: array<vec4<f32>>;
-#else
-@group(0) @binding(4) var<storage, read> norm_weight: array<vec4<f32>>;
-#endif
+@group(0) @binding(NORM_BINDING) var<storage, read> norm_weight: array<vec4<f32>>;
 #endif
 const_assert !GATED;
+#if RESIDUAL
+// The sublayer's output, then where residual + post_norm(sublayer) goes, after the norm weights.
+#if X_UNIFORM
+@group(0) @binding(NORM_BINDING + 1) var<uniform> sublayer: array<vec4<f32>, X_WINDOW_VEC4S>;
+#else
+@group(0) @binding(NORM_BINDING + 1) var<storage, read> sublayer: array<vec4<f32>>;
+#endif
+@group(0) @binding(NORM_BINDING + 2) var<storage, read_write> residual_out: array<vec4<f32>>;
+// Each batch row of the tile's post-norm factor, 1 / rms of its sublayer row.
+var<private> post_scales: array<f32, BATCH_TILE>;
+var<workgroup> residual_partials: array<f32, WG_SIZE>;
+#endif
 // Accumulators past the tile's sums: each batch row's sum of squares.
 const NORM_SLOTS: u32 = BATCH_TILE;
 #else
@@ -118,12 +138,28 @@ const_assert THREADS_PER_ROW == 1u;
 const_assert SPLIT;
 #endif
 
-// Four activations from index i of x (as vec4s).
-fn load_x(i: u32) -> vec4<f32> {
+// Four activations, vec4 c4 of row `row` of x; `post`: RESIDUAL's post-norm for them (see
+// post_norm4), else unused.
+fn load_x(row: u32, c4: u32, post: vec4<f32>) -> vec4<f32> {
+    let i = row * (p.cols / 4u) + c4;
 #if GATED
     return activate4(x[i]) * x_up[i];
 #else
+#if RESIDUAL
+    return x[i] + sublayer[i] * post;
+#else
     return x[i];
+#endif
+#endif
+}
+
+// RESIDUAL: the post-norm of vec4 c4 of the tile's batch row t, its weight times the row's
+// 1 / rms (callers hoist post_weight4 out of their loops over t: lavapipe would not).
+fn post_norm4(weight4: vec4<f32>, t: u32) -> vec4<f32> {
+#if RESIDUAL
+    return weight4 * post_scales[t];
+#else
+    return vec4<f32>(0.0);
 #endif
 }
 
@@ -139,6 +175,53 @@ fn norm_scale4(i: u32) -> vec4<f32> {
 #endif
 #endif
 }
+
+// Four weights of the post-norm from index c4 (as vec4s), after the product's norm's
+// (RESIDUAL; else unused).
+fn post_weight4(c4: u32) -> vec4<f32> {
+#if RESIDUAL
+#if NORM_ONE_PLUS
+    return 1.0 + norm_weight[p.cols / 4u + c4];
+#else
+    return norm_weight[p.cols / 4u + c4];
+#endif
+#else
+    return vec4<f32>(0.0);
+#endif
+}
+
+#if RESIDUAL
+const_assert NORMED;
+
+// The post-norm factor (1 / rms) of the sublayer's row `row`, summed by all the workgroup's
+// invocations (`lane` is this one's index); call it in uniform control flow.
+fn sublayer_inv_rms(row: u32, lane: u32) -> f32 {
+    var squares = 0.0;
+    for (var c4 = lane; c4 < p.cols / 4u; c4 += WG_SIZE) {
+        let v = sublayer[row * (p.cols / 4u) + c4];
+        squares += dot(v, v);
+    }
+#if X_BROADCAST
+    // Subgroups have at least 8 invocations here, so a workgroup of 8 is within one (lavapipe:
+    // a barrier makes the driver run the workgroup as coroutines, 2x slower products).
+    if WG_SIZE <= 8u {
+        return inverseSqrt(subgroupAdd(squares) / f32(p.cols) + p.eps);
+    }
+#endif
+    // A tree in workgroup memory (WG_SIZE is a power of two).
+    residual_partials[lane] = squares;
+    workgroupBarrier();
+    for (var stride = WG_SIZE / 2u; stride > 0u; stride /= 2u) {
+        if lane < stride {
+            residual_partials[lane] += residual_partials[lane + stride];
+        }
+        workgroupBarrier();
+    }
+    squares = residual_partials[0];
+    workgroupBarrier();
+    return inverseSqrt(squares / f32(p.cols) + p.eps);
+}
+#endif
 
 #if ADD_TO_OUTPUT
 const_assert !SPLIT;
@@ -184,13 +267,14 @@ fn accumulate(
     g: u32,
     b0: u32,
 ) {
-    let x_row_vec4s = p.cols / 4u;
     let scale_lo = norm_scale4(2u * g);
     let scale_hi = norm_scale4(2u * g + 1u);
+    let post_lo = post_weight4(2u * g);
+    let post_hi = post_weight4(2u * g + 1u);
     for (var t = 0u; t < BATCH_TILE; t++) {
-        let xi = min(b0 + t, p.batch - 1u) * x_row_vec4s + 2u * g;
-        let raw_lo = load_x(xi);
-        let raw_hi = load_x(xi + 1u);
+        let row = min(b0 + t, p.batch - 1u);
+        let raw_lo = load_x(row, 2u * g, post_norm4(post_lo, t));
+        let raw_hi = load_x(row, 2u * g + 1u, post_norm4(post_hi, t));
 #if NORMED
         (*acc)[TILE + t] += dot(raw_lo, raw_lo) + dot(raw_hi, raw_hi);
 #endif
@@ -218,12 +302,13 @@ fn accumulate_tile(
 fn load_block_x(acc: ptr<function, array<f32, SUMS>>, block: u32, b0: u32, lane: u32) -> array<vec4<f32>, BATCH_TILE> {
     let i = 8u * block + lane % 8u;
     let scale = norm_scale4(i);
+    let post = post_weight4(i);
     var mine: array<vec4<f32>, BATCH_TILE>;
     for (var t = 0u; t < BATCH_TILE; t++) {
-        let raw = load_x(min(b0 + t, p.batch - 1u) * (p.cols / 4u) + i);
+        let raw = load_x(min(b0 + t, p.batch - 1u), i, post_norm4(post, t));
 #if NORMED
-        // Each vec4 once, whatever the subgroup size (lanes past 8 load again what lane % 8 does).
-        (*acc)[TILE + t] += subgroupAdd(select(0.0, dot(raw, raw), lane < 8u));
+        // This lane's squares; the subgroup's are added once, after the last block.
+        (*acc)[TILE + t] += dot(raw, raw);
 #endif
         mine[t] = raw * scale;
     }
@@ -294,7 +379,28 @@ fn matmul(
     let row = WeightRow(min(r_base + decode_row, p.rows - 1u) * p.row_words, p.blocks);
     let load_b = lane / 4u;
     let load_c = lane % 4u;
-    let x_row = min(b_base + load_b, p.batch - 1u) * (p.cols / 4u);
+    let x_row = min(b_base + load_b, p.batch - 1u);
+#if RESIDUAL
+    // The post-norm factor of this invocation's batch row: its 4 invocations' squares.
+    var squares_of_sublayer = 0.0;
+    for (var c4 = load_c; c4 < p.cols / 4u; c4 += 4u) {
+        let v = sublayer[x_row * (p.cols / 4u) + c4];
+        squares_of_sublayer += dot(v, v);
+    }
+    square_sums[lane] = squares_of_sublayer;
+    workgroupBarrier();
+    let first = lane & ~3u;
+    let sublayer_squares = square_sums[first] + square_sums[first + 1u] + square_sums[first + 2u]
+        + square_sums[first + 3u];
+    post_scales[0] = inverseSqrt(sublayer_squares / f32(p.cols) + p.eps);
+    workgroupBarrier();
+    if p.write_sum != 0u && r_base == 0u && b_base + load_b < p.batch {
+        for (var c4 = load_c; c4 < p.cols / 4u; c4 += 4u) {
+            let sum = load_x(x_row, c4, post_norm4(post_weight4(c4), 0u));
+            residual_out[(p.first_batch + b_base + load_b) * (p.cols / 4u) + c4] = sum;
+        }
+    }
+#endif
 
     var squares = 0.0;
     // acc[j]: batch row 4 * batch_quad + j against the block's 4 rows.
@@ -314,7 +420,7 @@ fn matmul(
         let c4 = k0 / 4u + load_c;
         var xv = vec4<f32>(0.0);
         if c4 < p.cols / 4u {
-            let raw = load_x(x_row + c4);
+            let raw = load_x(x_row, c4, post_norm4(post_weight4(c4), 0u));
 #if NORMED
             squares += dot(raw, raw);
 #endif
@@ -373,6 +479,21 @@ fn matmul(
         rows[i] = WeightRow(min(r0 + i, p.rows - 1u) * p.row_words, p.blocks);
     }
     let b0 = wg.z * BATCH_TILE;
+#if RESIDUAL
+    for (var t = 0u; t < BATCH_TILE; t++) {
+        post_scales[t] = sublayer_inv_rms(min(b0 + t, p.batch - 1u), lane);
+    }
+    if p.write_sum != 0u && wg.x + wg.y == 0u {
+        for (var t = 0u; t < BATCH_TILE; t++) {
+            if b0 + t < p.batch {
+                for (var c4 = lane; c4 < p.cols / 4u; c4 += WG_SIZE) {
+                    let sum = load_x(b0 + t, c4, post_norm4(post_weight4(c4), t));
+                    residual_out[(p.first_batch + b0 + t) * (p.cols / 4u) + c4] = sum;
+                }
+            }
+        }
+    }
+#endif
 
     var acc: array<f32, SUMS>;
 #if WIDE
@@ -400,6 +521,16 @@ fn matmul(
         }
 #endif
     }
+#if X_BROADCAST
+#if NORMED
+    // Each lane summed the squares of the vec4s it loaded of the blocks: add the subgroup's,
+    // each vec4 once whatever the subgroup size (lanes past 8 load again what lane % 8 does).
+    // Before the columns past the blocks, which every lane loads whole.
+    for (var t = 0u; t < BATCH_TILE; t++) {
+        acc[TILE + t] = subgroupAdd(select(0.0, acc[TILE + t], subgroup_lane < 8u));
+    }
+#endif
+#endif
     // Columns past the last multiple of 32 (float types only), 8 at a time.
     let first_group = groups32 * 4u;
 #else

@@ -114,6 +114,8 @@ pub struct GpuContext {
     /// Dispatches recorded since the device was opened: dispatch count per step matters as
     /// much as bytes (about 30 µs each on lavapipe), and `flint bench` reports it.
     pub(crate) dispatches: std::sync::atomic::AtomicU64,
+    /// Of those, the dispatches recorded inside transformer layers ([`GpuContext::count_layer_dispatches`]).
+    layer_dispatches: std::sync::atomic::AtomicU64,
     /// The open profile, while kernels are being timed.
     pub(crate) profile: Mutex<Option<Profile>>,
     pub(crate) memory: Arc<MemoryLedger>,
@@ -183,6 +185,7 @@ impl GpuContext {
             limits,
             pipelines: PipelineCache::default(),
             dispatches: std::sync::atomic::AtomicU64::new(0),
+            layer_dispatches: std::sync::atomic::AtomicU64::new(0),
             profile: Mutex::new(None),
             memory: Arc::new(MemoryLedger::new(options.memory_budget)),
             captured_error,
@@ -279,6 +282,18 @@ impl GpuContext {
     /// Kernel dispatches recorded on this device so far.
     pub fn dispatch_count(&self) -> u64 {
         self.dispatches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Of [`GpuContext::dispatch_count`], those recorded inside a model's transformer layers
+    /// (the rest: embedding, output head), so that dispatches per layer can be told apart from
+    /// a step's fixed ones.
+    pub fn layer_dispatch_count(&self) -> u64 {
+        self.layer_dispatches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Adds `dispatches` recorded inside transformer layers to [`GpuContext::layer_dispatch_count`].
+    pub(crate) fn count_layer_dispatches(&self, dispatches: u64) {
+        self.layer_dispatches.fetch_add(dispatches, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Returns the first GPU error reported since the last call, if any.

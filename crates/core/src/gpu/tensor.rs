@@ -115,6 +115,11 @@ impl Tensor {
         self.window_binding(0, (self.len().max(1) * 4) as u64)
     }
 
+    /// Whether `other` is this very tensor (the same GPU buffer).
+    pub fn same_buffer(&self, other: &Tensor) -> bool {
+        self.buffer == other.buffer
+    }
+
     /// Bytes of the buffer past the elements, which a window may reach into.
     pub fn window_padding(&self) -> u64 {
         self.padding

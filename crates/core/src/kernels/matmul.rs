@@ -29,6 +29,8 @@ struct Params {
     eps: f32,
     /// The batch row of the output that x's first row is: that of the window.
     first_batch: u32,
+    /// 1 where the dispatch stores a residual input's sum (its first chunk).
+    write_sum: u32,
 }
 
 /// How the partial sums of one row's invocations are added.
@@ -243,11 +245,19 @@ impl Variant {
             Input::Plain(_) => (None, None),
             Input::Gated(gated) => (Some(gated.activation), None),
             Input::Normed(_, norm) => (None, Some(norm.convention)),
+            Input::Residual(residual) => (None, Some(residual.convention)),
         };
         let family: &[&'static str] = if gate.is_some() { &[ACTIVATION_SOURCE, SOURCE] } else { &[SOURCE] };
         QuantMatrix::kernel_source(quant, textures, "matmul", family)
             .define("NORMED", norm.is_some())
             .define("NORM_ONE_PLUS", norm == Some(NormWeight::OnePlus))
+            .define("RESIDUAL", matches!(input, Input::Residual(_)))
+            // After y, params (3) and the other outputs.
+            .define("NORM_BINDING", format!("{}u", 3 + outputs.tensors().len()))
+            .define(
+                "NORM_VEC4S",
+                format!("{}u", cols / 4 * if matches!(input, Input::Residual(_)) { 2 } else { 1 }),
+            )
             .define("GATED", gate.is_some())
             .define("GATE_SILU", gate == Some(GatedActivation::Silu))
             .define("GATE_GELU", gate == Some(GatedActivation::GeluTanh))
@@ -298,6 +308,29 @@ pub struct GatedInput<'a> {
     pub up: &'a Tensor,
 }
 
+/// The activations of a product that follows a sublayer whose output is normalised before it
+/// joins the residual stream (Gemma 3's post-attention and post-FFN norms): row by row,
+/// `norm(residual + post_norm(sublayer))`, computed as the kernel loads them, and the sum
+/// `residual + post_norm(sublayer)` stored in `sum` for the layers after. One dispatch for what
+/// [`crate::kernels::norm::rms_norm_residual`] and the product record in two, and one pass
+/// over the activations fewer.
+#[derive(Clone, Copy)]
+pub struct ResidualInput<'a> {
+    /// The residual stream, `[batch, cols]`.
+    pub residual: &'a Tensor,
+    /// The sublayer's output, the same shape.
+    pub sublayer: &'a Tensor,
+    /// f32 `[2, cols]`: the weight of the norm of the product's input, then the post-norm's.
+    pub norm_weights: &'a Tensor,
+    /// How both weights scale.
+    pub convention: NormWeight,
+    /// Both norms' epsilon.
+    pub eps: f32,
+    /// Receives `residual + post_norm(sublayer)`, the same shape; another tensor than the two
+    /// inputs (the product reads them while it writes this).
+    pub sum: &'a Tensor,
+}
+
 /// What a product reads as its activations.
 #[derive(Clone, Copy)]
 enum Input<'a> {
@@ -305,6 +338,7 @@ enum Input<'a> {
     Gated(GatedInput<'a>),
     /// `x` RMS-normalised by `norm`, row by row, as the kernel loads it.
     Normed(&'a Tensor, RmsNorm<'a>),
+    Residual(ResidualInput<'a>),
 }
 
 impl<'a> Input<'a> {
@@ -313,6 +347,25 @@ impl<'a> Input<'a> {
         match self {
             Input::Plain(x) | Input::Normed(x, _) => x,
             Input::Gated(gated) => gated.gate,
+            Input::Residual(residual) => residual.residual,
+        }
+    }
+
+    /// The tensors read through uniform windows where the variant has them: x, and a gated
+    /// input's up projection or a residual input's sublayer.
+    fn windowed(self) -> Vec<&'a Tensor> {
+        match self {
+            Input::Plain(x) | Input::Normed(x, _) => vec![x],
+            Input::Gated(gated) => vec![gated.gate, gated.up],
+            Input::Residual(residual) => vec![residual.residual, residual.sublayer],
+        }
+    }
+
+    fn eps(self) -> f32 {
+        match self {
+            Input::Normed(_, norm) => norm.eps,
+            Input::Residual(residual) => residual.eps,
+            Input::Plain(_) | Input::Gated(_) => 0.0,
         }
     }
 }
@@ -435,6 +488,41 @@ pub fn matmul_split_normed(
     run(ctx, encoder, weight, Input::Normed(x, *norm), split_outputs(outputs)?, None)
 }
 
+/// [`matmul`] of a residual input: `y = norm(residual + post_norm(sublayer)) · Wᵀ`, the sum
+/// stored in `input.sum` (see [`ResidualInput`]).
+pub fn matmul_residual(
+    ctx: &GpuContext,
+    encoder: &mut Encoder,
+    weight: &QuantMatrix,
+    input: &ResidualInput<'_>,
+    y: &Tensor,
+) -> Result<()> {
+    run(ctx, encoder, weight, Input::Residual(*input), Outputs::One(y), None)
+}
+
+/// [`matmul_split`] of a residual input, as [`matmul_residual`] does.
+pub fn matmul_split_residual(
+    ctx: &GpuContext,
+    encoder: &mut Encoder,
+    weight: &QuantMatrix,
+    input: &ResidualInput<'_>,
+    outputs: &[&Tensor],
+) -> Result<()> {
+    run(ctx, encoder, weight, Input::Residual(*input), split_outputs(outputs)?, None)
+}
+
+/// Whether a product of `batch` rows should take a [`ResidualInput`] rather than a joint
+/// pass before it ([`crate::kernels::norm::rms_norm_residual`]) on this device. Inside the
+/// product every workgroup computes the joint of the activations it loads again, where the pass
+/// computes it once: on GPUs that is cached loads against a dispatch saved, but on CPU devices
+/// it costs arithmetic that only pays at one row (lavapipe, gemma3's 4096 x 640 Q5_0 gate/up,
+/// `timing_inputs`: at batch 1 a normalised input 0.68-0.93 ms and a residual one 0.81-1.16,
+/// about what the pass and its dispatch cost, and gemma3's decode as fast either way; at 16
+/// rows 2.77 against 4.12 with the residual's best tile, at 64 13.2 against 18.9).
+pub fn fuses_residual_input(ctx: &GpuContext, batch: usize) -> bool {
+    ctx.adapter_info().device_type != wgpu::DeviceType::Cpu || batch == 1
+}
+
 /// Checks the arguments and records the product through `variant`, or the device's choice.
 fn run(
     ctx: &GpuContext,
@@ -467,6 +555,29 @@ fn batch_rows(weight: &QuantMatrix, input: Input, outputs: Outputs) -> Result<us
                 weight.name()
             )
         })?;
+    }
+    if let Input::Residual(residual) = input {
+        let shape = residual.residual.shape();
+        ensure(
+            "matmul",
+            residual.sublayer.shape() == shape
+                && residual.sum.shape() == shape
+                && residual.norm_weights.shape() == [2, cols],
+            || {
+                format!(
+                    "a residual input needs the sublayer's output and the sum shaped as the residual                      {shape:?}, and norm weights [2, {cols}] for weight '{}'; got {:?}, {:?} and {:?}",
+                    weight.name(),
+                    residual.sublayer.shape(),
+                    residual.sum.shape(),
+                    residual.norm_weights.shape()
+                )
+            },
+        )?;
+        ensure(
+            "matmul",
+            !residual.sum.same_buffer(residual.residual) && !residual.sum.same_buffer(residual.sublayer),
+            || "a residual input's sum must go to another tensor than the residual and the sublayer".into(),
+        )?;
     }
     let batch = x.len() / cols;
     let tensors = outputs.tensors();
@@ -509,10 +620,7 @@ fn record(
     let window_bytes = variant.x_window_rows.map(|rows| (rows as usize * cols * 4) as u64);
     if let Some(bytes) = window_bytes {
         let limits = ctx.limits();
-        let inputs: Vec<&Tensor> = match input {
-            Input::Gated(gated) => vec![gated.gate, gated.up],
-            Input::Plain(x) | Input::Normed(x, _) => vec![x],
-        };
+        let inputs = input.windowed();
         ensure(
             "matmul",
             bytes <= limits.max_uniform_buffer_binding_size
@@ -540,7 +648,7 @@ fn record(
             None => x.binding(),
         }
     }
-    for chunk in weight.chunks() {
+    for (chunk_index, chunk) in weight.chunks().iter().enumerate() {
         let [gx, gy, _] = ctx.grid((chunk.rows as u32).div_ceil(variant.rows_per_workgroup()));
         for first_batch in (0..batch).step_by(per_dispatch) {
             let rows_here = per_dispatch.min(batch - first_batch);
@@ -557,11 +665,9 @@ fn record(
                     out_rows: weight.rows() as u32,
                     second_row: second_row as u32,
                     third_row: third_row as u32,
-                    eps: match input {
-                        Input::Normed(_, norm) => norm.eps,
-                        _ => 0.0,
-                    },
+                    eps: input.eps(),
                     first_batch: first_batch as u32,
+                    write_sum: u32::from(chunk_index == 0),
                 },
             );
             let mut bindings = vec![
@@ -570,12 +676,17 @@ fn record(
                 tensors[0].binding(),
                 params.binding(),
             ];
-            // From binding 4 on: the split outputs, then the up projection of a gated input or
-            // the norm's weight.
+            // From binding 4 on: the split outputs, then the up projection of a gated input, or
+            // the norm's weight (a residual input's two, then its sublayer and sum).
             bindings.extend(tensors[1..].iter().map(|y| y.binding()));
             match input {
                 Input::Gated(gated) => bindings.push(x_binding(gated.up, x_offset, window_bytes)),
                 Input::Normed(_, norm) => bindings.push(norm.weight.binding()),
+                Input::Residual(residual) => bindings.extend([
+                    residual.norm_weights.binding(),
+                    x_binding(residual.sublayer, x_offset, window_bytes),
+                    residual.sum.binding(),
+                ]),
                 Input::Plain(_) => {}
             }
             let groups = [gx, gy, rows_here.div_ceil(variant.batch_tile as usize) as u32];
@@ -838,16 +949,16 @@ mod tests {
     #[test]
     fn normed_input_matches_reference() {
         let mut rng = Rng::new("matmul normed");
-        let quant = QuantType::Q4_1;
-        let cols = test_cols(quant);
         let eps = 1e-5f32;
-        let mut cases: Vec<(&str, &GpuContext, Option<Variant>)> =
-            both_paths().into_iter().map(|(path, ctx)| (path, ctx, None)).collect();
-        let ctx = gpu();
-        for variant in forced(ctx, cols) {
-            cases.push(("forced", ctx, Some(variant)));
+        // F16 rows end in columns past the last block of 32, which every lane loads whole.
+        let mut cases: Vec<(QuantType, &str, &GpuContext, Option<Variant>)> = Vec::new();
+        for quant in [QuantType::Q4_1, QuantType::F16] {
+            cases.extend(both_paths().into_iter().map(|(path, ctx)| (quant, path, ctx, None)));
+            let ctx = gpu();
+            cases.extend(forced(ctx, test_cols(quant)).into_iter().map(|v| (quant, "forced", ctx, Some(v))));
         }
-        for (path, ctx, variant) in cases {
+        for (quant, path, ctx, variant) in cases {
+            let cols = test_cols(quant);
             for (convention, (rows, batch)) in [(NormWeight::Scale, (67, 1)), (NormWeight::OnePlus, (7, 17))]
             {
                 let bytes = random_rows(quant, rows, cols, &mut rng);
@@ -910,6 +1021,104 @@ mod tests {
                 let err =
                     matmul_normed(ctx, &mut ctx.encoder("test"), &weight, &bad, &x_gpu, &ys[0]).unwrap_err();
                 assert!(err.to_string().contains("norm's weight"), "{err}");
+            }
+        }
+    }
+
+    /// Products of residual inputs (a post-normed sublayer added to the residual, the sum
+    /// normalised), against the post-norm, the add, the norm and the product in f64, and the sum
+    /// each stores: both conventions, one output and three split outputs of a weight in several
+    /// chunks, the devices' own variants and the forced ones.
+    #[test]
+    fn residual_input_matches_reference() {
+        let mut rng = Rng::new("matmul residual");
+        let eps = 1e-6f32;
+        // F16 rows end in columns past the last block of 32, loaded apart from the blocks.
+        let mut cases: Vec<(QuantType, &str, &GpuContext, Option<Variant>)> = Vec::new();
+        for quant in [QuantType::Q8_0, QuantType::F16] {
+            cases.extend(both_paths().into_iter().map(|(path, ctx)| (quant, path, ctx, None)));
+            let ctx = gpu();
+            cases.extend(forced(ctx, test_cols(quant)).into_iter().map(|v| (quant, "forced", ctx, Some(v))));
+        }
+        for (quant, path, ctx, variant) in cases {
+            let cols = test_cols(quant);
+            let shapes = [(NormWeight::Scale, 67, 1, false), (NormWeight::OnePlus, 7, 17, false)];
+            // Three parts in chunks of about 4 rows (the sum is stored by the first chunk's
+            // dispatch), through the public function.
+            let split = (NormWeight::Scale, 15, 5, true);
+            for (convention, rows, batch, split) in
+                shapes.into_iter().chain(variant.is_none().then_some(split))
+            {
+                let bytes = random_rows(quant, rows, cols, &mut rng);
+                let chunk = if split { 4 * quant.row_bytes(cols).unwrap() as u64 } else { u64::MAX };
+                let row_bytes = quant.row_bytes(cols).unwrap();
+                let part_rows: Vec<usize> = if split { vec![5, 5, rows - 10] } else { vec![rows] };
+                let parts: Vec<&[u8]> = part_rows
+                    .iter()
+                    .scan(0, |first, r| {
+                        *first += r;
+                        Some(&bytes[(*first - r) * row_bytes..*first * row_bytes])
+                    })
+                    .collect();
+                let weight = QuantMatrix::upload_parts(ctx, "w", quant, cols, &parts, chunk).unwrap();
+                // The residual and the sublayer at different scales in every row.
+                let mut residual = rng.f32s(batch * cols, -1.0, 1.0);
+                let mut sublayer = rng.f32s(batch * cols, -1.0, 1.0);
+                for b in 0..batch {
+                    residual[b * cols..(b + 1) * cols].iter_mut().for_each(|v| *v *= 0.5 + 2.0 * b as f32);
+                    sublayer[b * cols..(b + 1) * cols].iter_mut().for_each(|v| *v *= 3.0 / (1.0 + b as f32));
+                }
+                let (pre, post) = (rng.f32s(cols, -2.0, 2.0), rng.f32s(cols, -2.0, 2.0));
+                let post_normed = norm_reference(&sublayer, &post, convention, eps);
+                let sum: Vec<f32> = residual.iter().zip(&post_normed).map(|(a, b)| a + b).collect();
+                let normed = norm_reference(&sum, &pre, convention, eps);
+
+                let tensor = |name, shape: &[usize], values: &[f32]| {
+                    Tensor::from_slice(ctx, name, shape, values).unwrap()
+                };
+                let residual_gpu = tensor("residual", &[batch, cols], &residual);
+                let sublayer_gpu = tensor("sublayer", &[batch, cols], &sublayer);
+                let norms = tensor("norms", &[2, cols], &[pre.clone(), post.clone()].concat());
+                let sum_gpu = Tensor::empty(ctx, "sum", &[batch, cols]).unwrap();
+                sum_gpu.fill_bits(ctx, POISON);
+                let input = ResidualInput {
+                    residual: &residual_gpu,
+                    sublayer: &sublayer_gpu,
+                    norm_weights: &norms,
+                    convention,
+                    eps,
+                    sum: &sum_gpu,
+                };
+                let ys: Vec<Tensor> =
+                    part_rows.iter().map(|&r| Tensor::empty(ctx, "y", &[batch, r]).unwrap()).collect();
+                ys.iter().for_each(|y| y.fill_bits(ctx, POISON));
+                let mut encoder = ctx.encoder("test");
+                if split {
+                    matmul_split_residual(ctx, &mut encoder, &weight, &input, &ys.iter().collect::<Vec<_>>())
+                        .unwrap();
+                } else {
+                    run(ctx, &mut encoder, &weight, Input::Residual(input), Outputs::One(&ys[0]), variant)
+                        .unwrap();
+                }
+                ctx.submit(encoder).unwrap();
+                let what = format!(
+                    "{path} residual {convention:?} {rows}x{cols} batch {batch}, {} chunks, {variant:?}",
+                    weight.chunk_count()
+                );
+                let got_sum = pollster::block_on(sum_gpu.to_f32(ctx)).unwrap();
+                crate::kernels::testing::assert_close(&format!("{what}: sum"), &got_sum, &sum, 1e-5);
+                for (i, ((y, r), part)) in ys.iter().zip(&part_rows).zip(&parts).enumerate() {
+                    let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                    let (expected, magnitude) = reference(quant, *r, cols, part, &normed);
+                    assert_dot_close(&format!("{what}: part {i}"), &got, &expected, &magnitude);
+                }
+                // The sum may not overwrite an input; norm weights must be [2, cols].
+                let bad = ResidualInput { sum: &residual_gpu, ..input };
+                let err = matmul_residual(ctx, &mut ctx.encoder("test"), &weight, &bad, &ys[0]);
+                assert!(err.is_err_and(|e| e.to_string().contains("another tensor")));
+                let bad = ResidualInput { norm_weights: &sublayer_gpu, ..input };
+                let err = matmul_residual(ctx, &mut ctx.encoder("test"), &weight, &bad, &ys[0]);
+                assert!(err.is_err_and(|e| e.to_string().contains("norm weights")));
             }
         }
     }
@@ -1210,6 +1419,74 @@ mod tests {
                 eprintln!(
                     "{path}: {quant} {rows}x{cols} batch {batch}: {ms:.2} ms ({gflops:.1} GFLOP/s), {variant:?}"
                 );
+            }
+        }
+    }
+
+    /// Prints the time of gemma3's 4096 x 640 Q5_0 gate/up product with a plain, a normalised
+    /// and a residual input, through the device's own tile and others (min of 3 alternating runs
+    /// of 5): what [`fuses_residual_input`] is set from. Run with `cargo test --release -p
+    /// flint-core --lib kernels::matmul::tests::timing_inputs -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing print, run by hand in a release build"]
+    fn timing_inputs() {
+        let mut rng = Rng::new("matmul timing inputs");
+        let ctx = gpu();
+        let (quant, rows, cols) = (QuantType::Q5_0, 4096, 640);
+        let bytes = random_rows(quant, rows, cols, &mut rng);
+        let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+        let norms = Tensor::from_slice(ctx, "norms", &[2, cols], &rng.f32s(2 * cols, -1.0, 1.0)).unwrap();
+        let norm_weight = Tensor::from_slice(ctx, "norm", &[cols], &rng.f32s(cols, -1.0, 1.0)).unwrap();
+        for batch in [1, 16, 64] {
+            let tensor = |rng: &mut Rng| {
+                Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap()
+            };
+            let (x, sublayer, sum) = (tensor(&mut rng), tensor(&mut rng), tensor(&mut rng));
+            let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+            let norm = RmsNorm { weight: &norm_weight, convention: NormWeight::Scale, eps: 1e-6 };
+            let residual = ResidualInput {
+                residual: &x,
+                sublayer: &sublayer,
+                norm_weights: &norms,
+                convention: NormWeight::Scale,
+                eps: 1e-6,
+                sum: &sum,
+            };
+            let inputs = [
+                ("plain", Input::Plain(&x)),
+                ("normed", Input::Normed(&x, norm)),
+                ("residual", Input::Residual(residual)),
+            ];
+            // The device's own tile, then others, for each input: the best tile of one input
+            // need not be another's.
+            let chosen = Variant::choose(ctx, quant, rows, cols, batch);
+            let tiles = [(chosen.row_tile, chosen.batch_tile), (2, 2), (2, 4), (4, 2), (4, 4), (1, 8)];
+            let mut cases: Vec<(&str, Input, Variant, f64)> = Vec::new();
+            for (row_tile, batch_tile) in tiles.into_iter().filter(|&(_, t)| t as usize <= batch) {
+                for &(name, input) in &inputs {
+                    cases.push((name, input, Variant { row_tile, batch_tile, ..chosen }, f64::MAX));
+                }
+            }
+            for _ in 0..3 {
+                for (_, input, variant, best) in &mut cases {
+                    let run = |reps: usize| {
+                        let mut encoder = ctx.encoder("timing");
+                        for _ in 0..reps {
+                            record(ctx, &mut encoder, &weight, *input, Outputs::One(&y), batch, *variant)
+                                .unwrap();
+                        }
+                        ctx.submit(encoder).unwrap();
+                        pollster::block_on(y.to_f32(ctx)).unwrap();
+                    };
+                    run(1);
+                    let start = std::time::Instant::now();
+                    run(5);
+                    *best = best.min(start.elapsed().as_secs_f64() * 1e3 / 5.0);
+                }
+            }
+            for (name, _, variant, ms) in cases {
+                let (r, t) = (variant.row_tile, variant.batch_tile);
+                eprintln!("{quant} {rows}x{cols} batch {batch} {name:>8}, tile {r} x {t}: {ms:.2} ms");
             }
         }
     }

@@ -14,11 +14,15 @@
 //! logits = rms_norm(x)·Eᵀ                                     (tied to the embedding E)
 //! ```
 //!
-//! Each post-norm, its residual add and the next pre-norm run as one pass
-//! ([`rms_norm_residual`]): the layer's attention input is normalised by the previous joint.
-//! Dispatches a layer (decode): q/k/v in one stacked product, attention (which also normalises
-//! and rotates the new token's q and k and stores its k and v), the output projection, the
-//! joint, gate/up in one product, the down projection reading gelu(gate) * up, the joint: 7.
+//! Each post-norm, its residual add and the next pre-norm (a joint) run inside the next
+//! product, which loads its input as `pre_norm(x + post_norm(sublayer))` and stores the new x
+//! ([`ResidualInput`]; x alternates between two tensors, as a product may not overwrite what
+//! other workgroups of it still read), or, where [`fuses_residual_input`] says that costs more
+//! than a pass of its own, as one pass before it ([`rms_norm_residual`]). Dispatches a layer
+//! (decode): q/k/v in one stacked product, attention (which also normalises and rotates the
+//! new token's q and k and stores its k and v), the output projection, gate/up in one product,
+//! the down projection reading gelu(gate) * up: 5, and 2 joints where they are passes. The last
+//! layer's joint is always a pass, before the output norm.
 //!
 //! Gemma's checkpoints scale by `1 + w` in every RMSNorm; llama.cpp's converter adds the 1 to
 //! the weights it writes (the norms of gemma-3-270m's GGUF average 2 to 26, not 0 to 1), so
@@ -29,24 +33,48 @@ use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Projections};
 use crate::kernels::elementwise::{GatedActivation, scale_in_place};
 use crate::kernels::embedding::embedding;
-use crate::kernels::matmul::{GatedInput, matmul, matmul_gated};
-use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm, rms_norm_residual};
+use crate::kernels::matmul::{GatedInput, ResidualInput, fuses_residual_input, matmul, matmul_gated};
+use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_residual};
 use crate::kernels::rope::RopeConfig;
 use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
 use crate::model::config::{ModelConfig, RopeSettings};
-use crate::model::weights::{Stacked, WeightLoader};
+use crate::model::weights::{StackInput, Stacked, WeightLoader};
+
+/// The norms at a joint of the residual stream: the post-norm of the sublayer before it and
+/// the pre-norm of the sublayer after it.
+struct JointNorms {
+    post: Tensor,
+    pre: Tensor,
+    /// The pre-norm's weight, then the post-norm's (`[2, hidden]`, as [`ResidualInput`] takes
+    /// them).
+    both: Tensor,
+}
+
+impl JointNorms {
+    fn load(weights: &WeightLoader<'_>, post: &str, pre: &str, hidden: usize) -> Result<Self> {
+        let (post_values, pre_values) = (weights.values_of(post, hidden)?, weights.values_of(pre, hidden)?);
+        let ctx = weights.ctx;
+        Ok(JointNorms {
+            post: Tensor::from_slice(ctx, post, &[hidden], &post_values)?,
+            pre: Tensor::from_slice(ctx, pre, &[hidden], &pre_values)?,
+            both: Tensor::from_slice(ctx, pre, &[2, hidden], &[pre_values, post_values].concat())?,
+        })
+    }
+}
 
 struct Layer {
     attn_norm: Tensor,
+    /// After the first layer: the previous layer's post-FFN norm and this one's attention norm.
+    attn_joint: Option<JointNorms>,
     /// The query, key and value projections.
     attn_qkv: Stacked,
     /// The per-head norms of the queries and keys, and the rotation (local or global).
     heads: HeadTransform,
     attn_output: QuantMatrix,
-    post_attention_norm: Tensor,
-    ffn_norm: Tensor,
+    /// The post-attention norm and the FFN norm.
+    ffn_joint: JointNorms,
     /// The gate and up projections.
     ffn_gate_up: Stacked,
     ffn_down: QuantMatrix,
@@ -93,8 +121,22 @@ impl Gemma3 {
                     if local { &local_rope } else { &global_rope },
                     Some(norms),
                 )?;
+                let attn_joint = i
+                    .checked_sub(1)
+                    .map(|previous| {
+                        let post = format!("blk.{previous}.post_ffw_norm.weight");
+                        JointNorms::load(weights, &post, &name("attn_norm.weight"), hidden)
+                    })
+                    .transpose()?;
+                let ffn_joint = JointNorms::load(
+                    weights,
+                    &name("post_attention_norm.weight"),
+                    &name("ffn_norm.weight"),
+                    hidden,
+                )?;
                 Ok(Layer {
                     attn_norm: weights.vector(&name("attn_norm.weight"), hidden)?,
+                    attn_joint,
                     attn_qkv: weights.stacked(
                         &[
                             (name("attn_q.weight"), q_width),
@@ -105,8 +147,7 @@ impl Gemma3 {
                     )?,
                     heads,
                     attn_output: weights.matrix(&name("attn_output.weight"), hidden, q_width)?,
-                    post_attention_norm: weights.vector(&name("post_attention_norm.weight"), hidden)?,
-                    ffn_norm: weights.vector(&name("ffn_norm.weight"), hidden)?,
+                    ffn_joint,
                     ffn_gate_up: weights
                         .stacked(&[(name("ffn_gate.weight"), ffn), (name("ffn_up.weight"), ffn)], hidden)?,
                     ffn_down: weights.matrix(&name("ffn_down.weight"), hidden, ffn)?,
@@ -130,6 +171,39 @@ impl Gemma3 {
         RmsNorm { weight, convention: NormWeight::Scale, eps: self.config.rms_eps }
     }
 
+    /// Records the joint of the residual stream `streams[*x]` with `sublayer` across `norms`,
+    /// and returns the next products' input: the joint inside them (the new stream going to
+    /// the other tensor, which `x` then names), or, unless `fused`, a pass of its own that
+    /// updates the stream in place and normalises it into `normed`.
+    #[allow(clippy::too_many_arguments)]
+    fn join<'a>(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut Encoder,
+        fused: bool,
+        streams: &'a [Tensor; 2],
+        x: &mut usize,
+        sublayer: &'a Tensor,
+        norms: &'a JointNorms,
+        normed: &'a Tensor,
+    ) -> Result<StackInput<'a>> {
+        if !fused {
+            let next = (&self.norm(&norms.pre), normed);
+            rms_norm_residual(ctx, encoder, &self.norm(&norms.post), sublayer, &streams[*x], Some(next))?;
+            return Ok(StackInput::Plain(normed));
+        }
+        let residual = &streams[*x];
+        *x = 1 - *x;
+        Ok(StackInput::Residual(ResidualInput {
+            residual,
+            sublayer,
+            norm_weights: &norms.both,
+            convention: NormWeight::Scale,
+            eps: self.config.rms_eps,
+            sum: &streams[*x],
+        }))
+    }
+
     /// Records the forward pass of `step`; returns the logits of its selected rows.
     pub fn forward(
         &self,
@@ -138,39 +212,55 @@ impl Gemma3 {
         step: &Step,
         cache: &KvCache,
     ) -> Result<Tensor> {
-        let x = Tensor::empty(ctx, "hidden", &[step.n_tokens(), self.config.hidden])?;
-        embedding(ctx, encoder, &self.token_embd, &step.token_ids, &x)?;
-        scale_in_place(ctx, encoder, &x, (self.config.hidden as f32).sqrt())?;
+        let shape = [step.n_tokens(), self.config.hidden];
+        // The residual stream, in turns where the joints are inside products.
+        let streams = [Tensor::empty(ctx, "hidden", &shape)?, Tensor::empty(ctx, "hidden", &shape)?];
+        let mut x = 0;
+        embedding(ctx, encoder, &self.token_embd, &step.token_ids, &streams[x])?;
+        scale_in_place(ctx, encoder, &streams[x], (self.config.hidden as f32).sqrt())?;
         let s = Activations::new(ctx, &self.config, step.n_tokens())?;
+        let fused = fuses_residual_input(ctx, step.n_tokens());
         let global =
             AttentionOptions { scale: self.config.attention_scale, sliding_window: None, softcap: None };
         let local = AttentionOptions {
             sliding_window: self.config.sliding_window.map(|swa| swa.window_tokens),
             ..global
         };
-        if let Some(first) = self.layers.first() {
-            rms_norm(ctx, encoder, &self.norm(&first.attn_norm), &x, &s.normed)?;
-        }
+        let dispatches_before_layers = ctx.dispatch_count();
         for (i, layer) in self.layers.iter().enumerate() {
             let attention = if layer.local { &local } else { &global };
 
-            // Self-attention of the normalised x, normalised after; then the FFN's input norm.
-            layer.attn_qkv.forward(ctx, encoder, None, &s.normed, &[&s.q, &s.k, &s.v])?;
+            // Self-attention of the normalised x (joined with the previous layer's FFN first).
+            let input = match &layer.attn_joint {
+                None => StackInput::Normed(&streams[x], self.norm(&layer.attn_norm)),
+                Some(joint) => {
+                    self.join(ctx, encoder, fused, &streams, &mut x, &s.projected, joint, &s.normed)?
+                }
+            };
+            layer.attn_qkv.forward(ctx, encoder, input, &[&s.q, &s.k, &s.v])?;
             let new = Projections { q: &s.q, k: &s.k, v: &s.v };
             step.attention(ctx, encoder, &layer.heads, &new, &cache.layer(i), attention, &s.attention)?;
             matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
-            let (post, ffn_norm) = (self.norm(&layer.post_attention_norm), self.norm(&layer.ffn_norm));
-            rms_norm_residual(ctx, encoder, &post, &s.projected, &x, Some((&ffn_norm, &s.normed)))?;
 
-            // Feed-forward (GeGLU), normalised after; then the next layer's input norm.
-            layer.ffn_gate_up.forward(ctx, encoder, None, &s.normed, &[&s.gate, &s.up])?;
+            // Feed-forward (GeGLU) of the normalised x, joined with the attention's output first.
+            let joint = &layer.ffn_joint;
+            let input = self.join(ctx, encoder, fused, &streams, &mut x, &s.projected, joint, &s.normed)?;
+            layer.ffn_gate_up.forward(ctx, encoder, input, &[&s.gate, &s.up])?;
             let gated = GatedInput { activation: GatedActivation::GeluTanh, gate: &s.gate, up: &s.up };
             matmul_gated(ctx, encoder, &layer.ffn_down, &gated, &s.projected)?;
-            let next_norm = self.layers.get(i + 1).map(|next| self.norm(&next.attn_norm));
-            let next = next_norm.as_ref().map(|norm| (norm, &s.normed));
-            rms_norm_residual(ctx, encoder, &self.norm(&layer.post_ffw_norm), &s.projected, &x, next)?;
+        }
+        ctx.count_layer_dispatches(ctx.dispatch_count() - dispatches_before_layers);
+        if let Some(last) = self.layers.last() {
+            rms_norm_residual(
+                ctx,
+                encoder,
+                &self.norm(&last.post_ffw_norm),
+                &s.projected,
+                &streams[x],
+                None,
+            )?;
         }
         let lm_head = self.output.as_ref().unwrap_or(&self.token_embd);
-        step.logits(ctx, encoder, &x, &self.norm(&self.output_norm), lm_head)
+        step.logits(ctx, encoder, &streams[x], &self.norm(&self.output_norm), lm_head)
     }
 }

@@ -32,7 +32,7 @@ use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
 use crate::model::config::{Architecture, ModelConfig};
-use crate::model::weights::{Stacked, WeightLoader};
+use crate::model::weights::{StackInput, Stacked, WeightLoader};
 
 struct Layer {
     attn_norm: Tensor,
@@ -141,9 +141,11 @@ impl Llama {
         let s = Activations::new(ctx, &self.config, step.n_tokens())?;
         let attention =
             AttentionOptions { scale: self.config.attention_scale, sliding_window: None, softcap: None };
+        let dispatches_before_layers = ctx.dispatch_count();
         for (i, layer) in self.layers.iter().enumerate() {
             // Self-attention.
-            layer.qkv.forward(ctx, encoder, Some(&self.norm(&layer.attn_norm)), &x, &[&s.q, &s.k, &s.v])?;
+            let input = StackInput::Normed(&x, self.norm(&layer.attn_norm));
+            layer.qkv.forward(ctx, encoder, input, &[&s.q, &s.k, &s.v])?;
             if let Some(biases) = &layer.qkv_bias {
                 for (out, bias) in [&s.q, &s.k, &s.v].into_iter().zip(biases) {
                     add_bias_in_place(ctx, encoder, out, bias)?;
@@ -154,16 +156,12 @@ impl Llama {
             matmul_add(ctx, encoder, &layer.attn_output, &s.attention, &x)?;
 
             // Feed-forward (SwiGLU).
-            layer.ffn_gate_up.forward(
-                ctx,
-                encoder,
-                Some(&self.norm(&layer.ffn_norm)),
-                &x,
-                &[&s.gate, &s.up],
-            )?;
+            let input = StackInput::Normed(&x, self.norm(&layer.ffn_norm));
+            layer.ffn_gate_up.forward(ctx, encoder, input, &[&s.gate, &s.up])?;
             let gated = GatedInput { activation: GatedActivation::Silu, gate: &s.gate, up: &s.up };
             matmul_gated_add(ctx, encoder, &layer.ffn_down, &gated, &x)?;
         }
+        ctx.count_layer_dispatches(ctx.dispatch_count() - dispatches_before_layers);
         let lm_head = self.output.as_ref().unwrap_or(&self.token_embd);
         step.logits(ctx, encoder, &x, &self.norm(&self.output_norm), lm_head)
     }

@@ -1,10 +1,15 @@
 //! Uploading a model's tensors by name, each checked against the shape its config implies.
 
+use std::borrow::Cow;
+
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
-use crate::kernels::matmul::{matmul, matmul_normed, matmul_split, matmul_split_normed};
+use crate::kernels::matmul::{
+    ResidualInput, matmul, matmul_normed, matmul_residual, matmul_split, matmul_split_normed,
+    matmul_split_residual,
+};
 use crate::kernels::norm::RmsNorm;
-use crate::quant::dequantize_row;
+use crate::quant::{QuantType, dequantize_row, widen_to_q8_0};
 use crate::{Error, Result};
 
 /// Finds tensors in a GGUF file and puts them on the GPU: matrices still quantized, vectors
@@ -48,35 +53,43 @@ impl WeightLoader<'_> {
 
     /// Matrices of the same input, `(name, rows)` each with `cols` columns, stacked into as few
     /// matrices as their types allow: consecutive ones of the same type share one (see
-    /// [`Stacked`]).
+    /// [`Stacked`]), and a mix of Q4_0, Q5_0 and Q8_0 (gemma-3's Q4_K_M files pair Q5_0 queries
+    /// and keys with Q8_0 values in half the layers) becomes one Q8_0 matrix, exactly: see
+    /// [`widen_to_q8_0`]. The wider rows cost a few percent more bytes than a separate product
+    /// would read, where a separate product costs a dispatch.
     pub fn stacked(&self, names: &[(String, usize)], cols: usize) -> Result<Stacked> {
-        let mut matrices: Vec<(QuantMatrix, usize)> = Vec::new();
-        let mut group: Vec<&TensorInfo> = Vec::new();
-        for (i, (name, rows)) in names.iter().enumerate() {
-            let info = self.info(name)?;
-            check_shape(info, &[cols, *rows])?;
-            group.push(info);
-            let ends_group = names.get(i + 1).is_none_or(|(next, _)| {
-                self.file.tensor(next).is_none_or(|next| next.quant() != info.quant())
-            });
-            if ends_group {
-                let matrix = if let [one] = group[..] {
-                    QuantMatrix::upload(
-                        self.ctx,
-                        one.name(),
-                        one.quant(),
-                        *rows,
-                        cols,
-                        self.file.tensor_bytes(one),
-                    )?
-                } else {
-                    let name = group.iter().map(|t| t.name()).collect::<Vec<_>>().join(" + ");
-                    let parts: Vec<&[u8]> = group.iter().map(|t| self.file.tensor_bytes(t)).collect();
-                    QuantMatrix::upload_stacked(self.ctx, &name, info.quant(), cols, &parts)?
-                };
-                matrices.push((matrix, group.len()));
-                group.clear();
-            }
+        let infos = names
+            .iter()
+            .map(|(name, rows)| {
+                let info = self.info(name)?;
+                check_shape(info, &[cols, *rows])?;
+                Ok(info)
+            })
+            .collect::<Result<Vec<&TensorInfo>>>()?;
+        let widens = |quant| matches!(quant, QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0);
+        let mixed = infos.windows(2).any(|pair| pair[0].quant() != pair[1].quant());
+        let groups: Vec<(QuantType, &[&TensorInfo])> = if mixed && infos.iter().all(|t| widens(t.quant())) {
+            vec![(QuantType::Q8_0, &infos[..])]
+        } else {
+            infos.chunk_by(|a, b| a.quant() == b.quant()).map(|group| (group[0].quant(), group)).collect()
+        };
+        let mut matrices = Vec::with_capacity(groups.len());
+        for (quant, group) in groups {
+            let parts = group
+                .iter()
+                .map(|t| {
+                    let bytes = self.file.tensor_bytes(t);
+                    if t.quant() == quant {
+                        return Ok(Cow::Borrowed(bytes));
+                    }
+                    widen_to_q8_0(t.quant(), bytes).map(Cow::Owned).ok_or_else(|| {
+                        tensor_error(t.name(), format!("{} rows do not re-encode as {quant}", t.quant()))
+                    })
+                })
+                .collect::<Result<Vec<Cow<'_, [u8]>>>>()?;
+            let name = group.iter().map(|t| t.name()).collect::<Vec<_>>().join(" + ");
+            let parts: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
+            matrices.push((QuantMatrix::upload_stacked(self.ctx, &name, quant, cols, &parts)?, group.len()));
         }
         Ok(Stacked { matrices })
     }
@@ -115,15 +128,25 @@ pub(crate) struct Stacked {
     matrices: Vec<(QuantMatrix, usize)>,
 }
 
+/// What the products of a [`Stacked`] read.
+#[derive(Clone, Copy)]
+pub(crate) enum StackInput<'a> {
+    /// x as it is.
+    Plain(&'a Tensor),
+    /// x RMS-normalised by the norm as the products load it.
+    Normed(&'a Tensor, RmsNorm<'a>),
+    /// The residual stream joined with a post-normed sublayer, normalised (see
+    /// [`ResidualInput`]); each product of the stack stores the same sum.
+    Residual(ResidualInput<'a>),
+}
+
 impl Stacked {
-    /// Records every projection of `x` (normalised by `norm` as the products load it, if
-    /// given), the i-th into `outputs[i]`.
+    /// Records every projection of `input`, the i-th into `outputs[i]`.
     pub fn forward(
         &self,
         ctx: &GpuContext,
         encoder: &mut Encoder,
-        norm: Option<&RmsNorm<'_>>,
-        x: &Tensor,
+        input: StackInput<'_>,
         outputs: &[&Tensor],
     ) -> Result<()> {
         let mut first = 0;
@@ -134,14 +157,107 @@ impl Stacked {
                     reason: format!("{} outputs for stacked projections that need more", outputs.len()),
                 });
             };
-            match (these, norm) {
-                ([y], None) => matmul(ctx, encoder, matrix, x, y)?,
-                ([y], Some(norm)) => matmul_normed(ctx, encoder, matrix, norm, x, y)?,
-                (_, None) => matmul_split(ctx, encoder, matrix, x, these)?,
-                (_, Some(norm)) => matmul_split_normed(ctx, encoder, matrix, norm, x, these)?,
+            match (these, input) {
+                ([y], StackInput::Plain(x)) => matmul(ctx, encoder, matrix, x, y)?,
+                (_, StackInput::Plain(x)) => matmul_split(ctx, encoder, matrix, x, these)?,
+                ([y], StackInput::Normed(x, norm)) => matmul_normed(ctx, encoder, matrix, &norm, x, y)?,
+                ([y], StackInput::Residual(residual)) => matmul_residual(ctx, encoder, matrix, &residual, y)?,
+                (_, StackInput::Normed(x, norm)) => {
+                    matmul_split_normed(ctx, encoder, matrix, &norm, x, these)?
+                }
+                (_, StackInput::Residual(residual)) => {
+                    matmul_split_residual(ctx, encoder, matrix, &residual, these)?
+                }
             }
             first += count;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::test_writer::GgufWriter;
+    use crate::kernels::norm::NormWeight;
+    use crate::kernels::testing::{Rng, assert_close, gpu};
+    use crate::quant::random_rows;
+
+    fn ggml_id(quant: QuantType) -> u32 {
+        (0..40).find(|&id| QuantType::from_ggml_id(id) == Some(quant)).unwrap()
+    }
+
+    /// Projections of mixed types, stacked as the loader stacks them, each give their own
+    /// product, in as few products as the types allow.
+    #[test]
+    fn mixed_projections_stack_into_as_few_products_as_their_types_allow() {
+        use QuantType::{Q4_0, Q4_1, Q5_0, Q8_0};
+        let ctx = gpu();
+        let mut rng = Rng::new("mixed_projections_stack");
+        let (cols, batch) = (96, 3);
+        let cases: [(&[QuantType], usize); 5] = [
+            // gemma-3's Q4_K_M queries, keys and values: one Q8_0 product.
+            (&[Q5_0, Q5_0, Q8_0], 1),
+            (&[Q8_0, Q4_0], 1),
+            (&[Q4_0, Q5_0], 1),
+            // Q4_1 has an offset: no exact Q8_0 form.
+            (&[Q4_1, Q4_1, Q8_0], 2),
+            (&[Q8_0, Q8_0], 1),
+        ];
+        for (types, products) in cases {
+            let rows = [5usize, 3, 7];
+            let parts: Vec<Vec<u8>> =
+                types.iter().zip(rows).map(|(&quant, r)| random_rows(quant, r, cols, &mut rng)).collect();
+            let mut writer = GgufWriter::new(3);
+            let mut names = Vec::new();
+            for (i, ((&quant, bytes), r)) in types.iter().zip(&parts).zip(rows).enumerate() {
+                writer =
+                    writer.tensor(&format!("p{i}"), &[cols as u64, r as u64], ggml_id(quant), bytes.clone());
+                names.push((format!("p{i}"), r));
+            }
+            let file = GgufFile::from_bytes(writer.build().0).unwrap();
+            let loader = WeightLoader { ctx, file: &file, arch: "test" };
+            let stacked = loader.stacked(&names, cols).unwrap();
+            assert_eq!(stacked.matrices.len(), products, "{types:?}");
+
+            let x = rng.f32s(batch * cols, -1.0, 1.0);
+            let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+            // Normalised by a weight of ones: x / rms(x), row by row.
+            let ones = Tensor::from_slice(ctx, "ones", &[cols], &vec![1.0f32; cols]).unwrap();
+            let norm = RmsNorm { weight: &ones, convention: NormWeight::Scale, eps: 0.0 };
+            let normed: Vec<f64> = x
+                .chunks(cols)
+                .flat_map(|row| {
+                    let rms = (row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / cols as f64).sqrt();
+                    row.iter().map(move |&v| f64::from(v) / rms)
+                })
+                .collect();
+            let outputs: Vec<Tensor> =
+                names.iter().map(|(_, r)| Tensor::empty(ctx, "y", &[batch, *r]).unwrap()).collect();
+            let mut encoder = ctx.encoder("test");
+            stacked
+                .forward(
+                    ctx,
+                    &mut encoder,
+                    StackInput::Normed(&x_gpu, norm),
+                    &outputs.iter().collect::<Vec<_>>(),
+                )
+                .unwrap();
+            ctx.submit(encoder).unwrap();
+            for ((&quant, bytes), (y, r)) in types.iter().zip(&parts).zip(outputs.iter().zip(rows)) {
+                let mut w = vec![0.0f32; r * cols];
+                dequantize_row(quant, bytes, &mut w).unwrap();
+                let expected: Vec<f32> = (0..batch * r)
+                    .map(|i| {
+                        let (b, row) = (i / r, i % r);
+                        let dot: f64 =
+                            (0..cols).map(|k| f64::from(w[row * cols + k]) * normed[b * cols + k]).sum();
+                        dot as f32
+                    })
+                    .collect();
+                let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                assert_close(&format!("{types:?}: the {quant} part"), &got, &expected, 1e-4);
+            }
+        }
     }
 }

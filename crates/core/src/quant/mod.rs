@@ -4,10 +4,12 @@
 //! back to back exactly as in the GGUF file (and, unchanged, in GPU memory).
 
 mod dequant;
+mod widen;
 
 pub use dequant::dequantize_row;
 #[cfg(test)]
 pub(crate) use dequant::random_rows;
+pub(crate) use widen::widen_to_q8_0;
 
 /// The GGML tensor types flint reads, with their GGML type ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

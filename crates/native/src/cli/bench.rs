@@ -104,8 +104,8 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "dispatches:     {:.0} per decode step, {:.1} per layer",
-        r.dispatches_per_decode_step, r.dispatches_per_layer
+        "dispatches:     {:.0} per decode step: {:.1} in each of the {} layers, {:.0} outside them",
+        r.dispatches_per_decode_step, r.dispatches_per_layer, r.layers, r.dispatches_outside_layers
     )?;
     if let Some(profile) = profile {
         for (phase, families) in [("prefill", &profile.prefill), ("decode step", &profile.decode_step)] {
@@ -353,8 +353,12 @@ pub struct BenchReport {
     pub buffer_probe_fraction: f64,
     /// Kernel dispatches one decode step records.
     pub dispatches_per_decode_step: f64,
-    /// The same, per transformer layer.
+    /// Of those, the ones inside transformer layers, per layer.
     pub dispatches_per_layer: f64,
+    /// The rest: embedding, output norm and head.
+    pub dispatches_outside_layers: f64,
+    /// Transformer layers of the model.
+    pub layers: usize,
 }
 
 /// Runs the benchmark on a loaded model.
@@ -411,6 +415,7 @@ pub fn run(
     let per_step = if model.config().tied_output { weight_bytes } else { weight_bytes - embedding_bytes };
     let steps_per_s = decode_steps / decode_s;
     let dispatches_per_decode_step = runs[0].decode_dispatches as f64 / decode_steps;
+    let layer_dispatches_per_step = runs[0].decode_layer_dispatches as f64 / decode_steps;
     Ok(BenchReport {
         adapter: ctx.adapter_info().name.clone(),
         prompt_tokens: options.prompt_tokens,
@@ -429,7 +434,9 @@ pub fn run(
         buffer_probe_bytes_per_s: bandwidth.best_buffer_bytes_per_s(),
         buffer_probe_fraction: per_step as f64 * steps_per_s / bandwidth.best_buffer_bytes_per_s(),
         dispatches_per_decode_step,
-        dispatches_per_layer: dispatches_per_decode_step / model.config().n_layers as f64,
+        dispatches_per_layer: layer_dispatches_per_step / model.config().n_layers as f64,
+        dispatches_outside_layers: dispatches_per_decode_step - layer_dispatches_per_step,
+        layers: model.config().n_layers,
     })
 }
 
@@ -438,6 +445,8 @@ struct RunFigures {
     first_token_s: f64,
     decode_s: f64,
     decode_dispatches: u64,
+    /// Of those, the ones inside transformer layers.
+    decode_layer_dispatches: u64,
 }
 
 /// Real text for the prompt (the licence flint is tested on, else a fixed sentence), repeated
@@ -479,14 +488,18 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
 
     let decode_started = Instant::now();
     let dispatches_before = ctx.dispatch_count();
+    let layer_dispatches_before = ctx.layer_dispatch_count();
     for _ in 1..options.gen_tokens {
         let logits = pollster::block_on(decode_step(model, &mut cache, &mut tables, &next)?.to_f32(ctx))?;
         next = logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(0)).collect();
     }
     let decode_s = decode_started.elapsed().as_secs_f64();
     let decode_dispatches = ctx.dispatch_count() - dispatches_before;
+    let decode_layer_dispatches = ctx.layer_dispatch_count() - layer_dispatches_before;
     for table in tables {
         cache.release(table);
     }
-    Ok((RunFigures { prefill_s, first_token_s, decode_s, decode_dispatches }, kv_bytes))
+    let figures =
+        RunFigures { prefill_s, first_token_s, decode_s, decode_dispatches, decode_layer_dispatches };
+    Ok((figures, kv_bytes))
 }
