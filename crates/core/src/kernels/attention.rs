@@ -889,9 +889,13 @@ fn cpu_threads() -> usize {
     *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
 }
 
-/// The serial variant's lanes each hold a slice of their heads' queries and accumulators in
-/// registers: at most this many values across the heads, so they stay there.
-const SERIAL_MAX_HEAD_VALUES: usize = 1024;
+/// The serial variants' lanes each hold a slice of their heads' queries and accumulators in
+/// registers: at most this many values across the heads, so they stay there. On lavapipe
+/// (`decode_timing`, `prefill_timing`), gemma3-270m's 4 heads of 256 a kv head ran fastest 2 at
+/// a time: 16 sequences' decode at 256 keys 6.5 ms a layer against 10.3 with all 4 (the bound
+/// was 1024 before) and 8.9 with 1; a 256-token prompt 38-41 ms against 64-74 with 4 at any
+/// tile of rows and 47-50 with 1. SmolLM2-135M's 3 heads of 64 fit either way.
+const SERIAL_MAX_HEAD_VALUES: usize = 512;
 
 /// The most heads of a chunk of `chunk_heads` that a serial workgroup may serve: the largest
 /// divisor of the chunk within [`SERIAL_MAX_HEAD_VALUES`].
@@ -938,8 +942,12 @@ enum PrefillVariant {
 
 impl PrefillVariant {
     /// The variant for this device, given the query heads of a chunk and their size: on CPU
-    /// devices the decode's heads a workgroup and as many rows as [`PREFILL_SERIAL_MAX_VALUES`]
-    /// allows (at most 16), so that each key and value is loaded once for many of them.
+    /// devices one token a workgroup, serving as many of the chunk's heads as
+    /// [`serial_max_group_heads`] allows. Tiles of several tokens share each key's loads among
+    /// them, but ran no faster on lavapipe (`prefill_timing`, 256-token prompt, min of 5 runs of
+    /// 4, three sweeps): SmolLM2-135M, all 3 heads, 35-37 ms a layer with 1 token against
+    /// 43-61 with 16 (the choice before) and 61-70 with 2; gemma3-270m, 1 head, 47-50 ms with 1
+    /// token, 104-117 with 2, 66-80 with 4 to 16.
     fn choose(ctx: &GpuContext, chunk_heads: usize, head_dim: usize) -> Self {
         let info = ctx.adapter_info();
         if info.device_type != wgpu::DeviceType::Cpu
@@ -947,25 +955,12 @@ impl PrefillVariant {
         {
             return PrefillVariant::Workgroups;
         }
-        let group_heads = serial_max_group_heads(chunk_heads, head_dim);
         PrefillVariant::Serial {
-            group_heads,
-            rows: prefill_serial_rows(group_heads, head_dim),
+            group_heads: serial_max_group_heads(chunk_heads, head_dim),
+            rows: 1,
             kv_textures: ctx.features().weight_textures,
         }
     }
-}
-
-/// Query values (rows x heads x head size) a serial prefill workgroup holds: its lanes' slices
-/// of their queries and accumulators. Larger tiles share each key's loads among more rows, and
-/// on lavapipe went on paying up to here: a 256-token prompt's attention took, for SmolLM2-135M
-/// (3 heads a workgroup), 2.06 s at 5 rows, 1.65 at 8 and 1.49 at 16; for gemma3-270m, 3.5 s at
-/// 1024 values (4 heads x 1 row, or 1 x 4), 2.8-2.9 at 2048, 2.0-2.3 at 4096.
-const PREFILL_SERIAL_MAX_VALUES: usize = 4096;
-
-/// Token rows of a serial prefill workgroup serving `group_heads` heads of `head_dim`.
-fn prefill_serial_rows(group_heads: usize, head_dim: usize) -> usize {
-    (PREFILL_SERIAL_MAX_VALUES / (group_heads * head_dim)).clamp(1, 16)
 }
 
 fn prefill_source(head_dim: usize, variant: PrefillVariant) -> KernelSource {
@@ -1495,6 +1490,69 @@ mod tests {
         }
     }
 
+    /// Prints the time of the prefill variants this device runs on a 256-token prompt of
+    /// SmolLM2-135M's and gemma3-270m's heads (min of 3 alternating runs). Not an assertion: run
+    /// with `cargo test --release -p flint-core --lib kernels::attention::tests::prefill_timing --
+    /// --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing print, run by hand in a release build"]
+    fn prefill_timing() {
+        let ctx = gpu();
+        let mut rng = Rng::new("prefill timing");
+        let models = [
+            ("SmolLM2", Heads { head_dim: 64, n_heads: 9, n_kv_heads: 3 }),
+            ("gemma3", Heads { head_dim: 256, n_heads: 4, n_kv_heads: 1 }),
+        ];
+        let len = 256;
+        for (model, heads) in models {
+            let mut cache = PagedCache::new(&mut rng, &[len], 16, heads.n_kv_heads, heads.head_dim);
+            cache.fill(&mut rng, 0, len);
+            let (k, v) = cache.upload(ctx);
+            let layer = KvCacheLayer::new(&k, &v);
+            let shape = [len, heads.n_heads * heads.head_dim];
+            let q = Tensor::from_slice(ctx, "q", &shape, &random_queries(&mut rng, len, heads)).unwrap();
+            let out = Tensor::empty(ctx, "out", &shape).unwrap();
+            let seq_ids = Tensor::from_slice(ctx, "seq_ids", &[len], &vec![0u32; len]).unwrap();
+            let positions: Vec<u32> = (0..len as u32).collect();
+            let positions = Tensor::from_slice(ctx, "positions", &[len], &positions).unwrap();
+            let block_table = cache.table_tensor(ctx);
+            let batch = PrefillBatch { seq_ids: &seq_ids, positions: &positions, block_table: &block_table };
+            let options = AttentionOptions::new(heads.head_dim);
+            let chunk = decode_group_heads(heads.n_heads / heads.n_kv_heads);
+            let mut cases: Vec<(Option<PrefillVariant>, f64)> = vec![(None, f64::MAX)];
+            if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+                for group_heads in (1..=chunk).filter(|d| chunk.is_multiple_of(*d)) {
+                    for rows in [1, 2, 4, 8, 16] {
+                        let variant = PrefillVariant::Serial { group_heads, rows, kv_textures: true };
+                        cases.push((Some(variant), f64::MAX));
+                    }
+                }
+            }
+            let run = |variant: Option<PrefillVariant>, reps: usize| {
+                let mut encoder = ctx.encoder("timing");
+                for _ in 0..reps {
+                    prefill_as(ctx, &mut encoder, &q, &layer, &batch, &options, &out, variant).unwrap();
+                }
+                ctx.submit(encoder).unwrap();
+                pollster::block_on(out.to_f32(ctx)).unwrap();
+            };
+            for (variant, _) in &cases {
+                run(*variant, 1);
+            }
+            for _ in 0..5 {
+                for (variant, best) in &mut cases {
+                    let start = std::time::Instant::now();
+                    run(*variant, 4);
+                    *best = best.min(start.elapsed().as_secs_f64() * 1e3 / 4.0);
+                }
+            }
+            for (variant, ms) in cases {
+                let name = variant.map_or("chosen".to_string(), |v| format!("{v:?}"));
+                eprintln!("{model} {len} tokens: {ms:.2} ms, {name}");
+            }
+        }
+    }
+
     #[test]
     fn decode_group_heads_divide_the_group() {
         let cases = [(1, 1), (3, 3), (8, 8), (9, 3), (12, 6), (16, 8), (48, 8), (11, 1)];
@@ -1794,9 +1852,8 @@ mod tests {
             let mut sources = vec![prefill_source(head_dim, PrefillVariant::Workgroups)];
             for group_heads in (1..=DECODE_MAX_GROUP_HEADS).filter(|g| g * head_dim <= SERIAL_MAX_HEAD_VALUES)
             {
-                let rows = prefill_serial_rows(group_heads, head_dim);
                 for kv_textures in [false, true] {
-                    let serial = PrefillVariant::Serial { group_heads, rows, kv_textures };
+                    let serial = PrefillVariant::Serial { group_heads, rows: 1, kv_textures };
                     sources.push(prefill_source(head_dim, serial).define("KV_TEXTURES", kv_textures));
                 }
             }

@@ -10,8 +10,19 @@ use crate::kernels::norm::{NormWeight, RmsNorm};
 use crate::quant::QuantType;
 
 const SOURCE: &str = include_str!("../../../../shaders/matmul.wgsl");
-/// Invocations per workgroup on CPU devices: one SIMD group of lavapipe's 256-bit vectors.
+/// Invocations per workgroup on CPU devices where the adapter does not say its SIMD width: one
+/// SIMD group of lavapipe's default 256-bit vectors.
 const CPU_WG_SIZE: u32 = 8;
+
+/// Invocations per workgroup on a CPU device: one SIMD group, which is what a CPU device's
+/// subgroup is (lavapipe: 8 lanes at its default 256-bit vectors, 16 with
+/// `LP_NATIVE_VECTOR_WIDTH=512`, where workgroups of 8 leave half of each vector idle).
+fn cpu_wg_size(subgroup_max_size: u32) -> u32 {
+    match subgroup_max_size {
+        0 => CPU_WG_SIZE,
+        lanes => lanes.next_power_of_two().clamp(CPU_WG_SIZE, 64),
+    }
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -177,14 +188,14 @@ impl Variant {
                 (DecoderSize::Large, _, false) => (4, 16),
             };
             Variant {
-                wg_size: CPU_WG_SIZE,
+                wg_size: cpu_wg_size(info.subgroup_max_size),
                 threads_per_row: 1,
                 row_tile,
                 batch_tile,
                 reduce: Reduce::None,
                 x_broadcast,
                 x_window_rows: if x_broadcast {
-                    uniform_window_rows(ctx, cols, UNIFORM_WINDOW_BYTES)
+                    uniform_window_rows(ctx, cols, UNIFORM_WINDOW_BYTES, batch_tile)
                 } else {
                     None
                 },
@@ -280,15 +291,20 @@ impl Variant {
 
 /// The batch rows of x with `cols` columns that a uniform window holds on this device: as many
 /// as fit in `max_bytes` (at most [`UNIFORM_WINDOW_BYTES`]) and the device's uniform binding
-/// size, in steps that keep each window's offset aligned as uniform bindings must be. None when
-/// not even one step fits (x is then read from its storage buffer).
-fn uniform_window_rows(ctx: &GpuContext, cols: usize, max_bytes: u64) -> Option<u32> {
+/// size, in steps that keep each window's offset aligned as uniform bindings must be, and in
+/// whole tiles of `batch_tile` rows where one fits: a window that ends inside a tile makes the
+/// invocations of that tile compute rows that are thrown away (16 rows of SmolLM2's 576 × 1536
+/// down projection in windows of 10 ran 5 tiles of 4, in windows of 8 run 4). None when not
+/// even one step fits (x is then read from its storage buffer).
+fn uniform_window_rows(ctx: &GpuContext, cols: usize, max_bytes: u64, batch_tile: u32) -> Option<u32> {
     let limits = ctx.limits();
     let bytes = max_bytes.min(UNIFORM_WINDOW_BYTES).min(limits.max_uniform_buffer_binding_size);
     let row_bytes = (cols * 4) as u64;
     let align = u64::from(limits.min_uniform_buffer_offset_alignment);
     let step = align / gcd(row_bytes, align);
-    let rows = bytes / row_bytes / step * step;
+    let tiled_step = step / gcd(step, u64::from(batch_tile)) * u64::from(batch_tile);
+    let fitting = bytes / row_bytes;
+    let rows = if fitting >= tiled_step { fitting / tiled_step * tiled_step } else { fitting / step * step };
     (rows > 0).then_some(rows as u32)
 }
 
@@ -857,7 +873,7 @@ mod tests {
             |v: &Variant| !((v.reduce == Reduce::Subgroup || v.x_broadcast) && !ctx.features().subgroups);
         let variants: Vec<Variant> = FORCED.into_iter().filter(runs).collect();
         let windowed = variants.iter().filter(|v| v.x_broadcast).filter_map(|v| {
-            let rows = uniform_window_rows(ctx, cols, 3 * 4 * cols as u64)?;
+            let rows = uniform_window_rows(ctx, cols, 3 * 4 * cols as u64, 1)?;
             Some(Variant { x_window_rows: Some(rows), ..*v })
         });
         let windowed: Vec<Variant> = windowed.collect();
@@ -942,6 +958,31 @@ mod tests {
         matmul_q4_k: QuantType::Q4K,
         matmul_q5_k: QuantType::Q5K,
         matmul_q6_k: QuantType::Q6K,
+    }
+
+    /// Uniform windows are the most rows that fit the device's binding with every window's
+    /// offset aligned, in whole batch tiles wherever one fits (found here by trying every row
+    /// count): on SmolLM2's and gemma3's row widths, narrow ones, one whose window holds a single
+    /// row and one too wide for any. CPU workgroups are one SIMD group, a power of two from 8 to 64.
+    #[test]
+    fn uniform_windows_hold_whole_tiles() {
+        let ctx = gpu();
+        let limits = ctx.limits();
+        let align = u64::from(limits.min_uniform_buffer_offset_alignment);
+        let bytes = UNIFORM_WINDOW_BYTES.min(limits.max_uniform_buffer_binding_size);
+        for cols in [8, 56, 576, 640, 1536, 2048, 8200, 20000] {
+            let row_bytes = 4 * cols as u64;
+            let aligned: Vec<u64> =
+                (1..=bytes / row_bytes).filter(|k| (k * row_bytes).is_multiple_of(align)).collect();
+            for batch_tile in [1, 3, 4, 8, 16] {
+                let whole_tiles = aligned.iter().filter(|&&k| k.is_multiple_of(u64::from(batch_tile))).max();
+                let expected = whole_tiles.or(aligned.iter().max()).map(|&k| k as u32);
+                let rows = uniform_window_rows(ctx, cols, UNIFORM_WINDOW_BYTES, batch_tile);
+                assert_eq!(rows, expected, "{cols} columns, batch tile {batch_tile}");
+            }
+        }
+        assert_eq!(cpu_wg_size(0), CPU_WG_SIZE);
+        assert_eq!([4, 8, 16, 12, 128].map(cpu_wg_size), [8, 8, 16, 16, 64]);
     }
 
     /// Products of RMS-normalised activations, against the norm then the product in f64: both
