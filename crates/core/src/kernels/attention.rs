@@ -1491,7 +1491,8 @@ mod tests {
     }
 
     /// Prints the time of the prefill variants this device runs on a 256-token prompt of
-    /// SmolLM2-135M's and gemma3-270m's heads (min of 3 alternating runs). Not an assertion: run
+    /// SmolLM2-135M's and gemma3-270m's heads (after a warm-up, min of 5 alternating submissions
+    /// of 4 prefills each). Not an assertion: run
     /// with `cargo test --release -p flint-core --lib kernels::attention::tests::prefill_timing --
     /// --ignored --nocapture`.
     #[test]

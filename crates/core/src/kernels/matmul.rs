@@ -144,7 +144,7 @@ impl Variant {
     /// through uniform windows (`x_window_rows`). SmolLM2's 1536 × 576 Q4_1 product, min of
     /// 3 × 6 runs: 0.20 ms at batch 1 (0.32 with one scalar broadcast per 8 activations from
     /// storage), 0.31 at 4, 0.87 at 16 (2.8), 3.45 at 64 (10.8). A workgroup is one
-    /// SIMD group of 8, so that even SmolLM2's 192-row k and v projections make several
+    /// SIMD group ([`cpu_wg_size`]: 8 lanes at lavapipe's default width), so that even SmolLM2's 192-row k and v projections make several
     /// workgroups for the device's threads to share (64 invocations × 4 rows made one, and the
     /// 576-row projections two: at 16 batch rows the 576 × 1536 product took 3.6 ms against 2.2
     /// with workgroups of 8, min of 5 interleaved runs). Tiles, the best of a sweep of each: for
