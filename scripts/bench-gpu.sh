@@ -5,7 +5,7 @@
 # Hugging Face transformers from the same GGUF (scripts/bench_transformers.py) in bf16 and f32.
 # Needs python3 with torch, transformers, accelerate and gguf.
 #
-#   scripts/bench-gpu.sh FLINT_BINARY MODEL.gguf [greedy.json from shared/reference]
+#   scripts/bench-gpu.sh FLINT_BINARY MODEL.gguf [greedy.json from tests/reference]
 #
 # Every output goes to standard output and, when $BENCH_LOG_DIR is set, into files there.
 set -uo pipefail

@@ -8,7 +8,7 @@ over --repeats runs after a warm-up.
 The roofline is flint's: the bytes of weights one decode step reads (every parameter once, at the
 dtype it runs in) times steps/s, over the faster of a device-to-device copy and a read-only sum
 measured on the same GPU. Greedy tokens for a reference prompt are printed beside llama.cpp's
-(--reference, a greedy.json from shared/reference) so the speed is known to be of a correct model.
+(--reference, a greedy.json from tests/reference) so the speed is known to be of a correct model.
 
     python3 scripts/bench_transformers.py --model SmolLM2-135M-Instruct.Q4_1.gguf [--dtype bfloat16]
 """

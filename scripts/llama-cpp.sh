@@ -7,7 +7,7 @@
 #   scripts/llama-cpp.sh    # -> ~/.cache/flint/python/llama-cpp-0.3.36/bin/python
 set -euo pipefail
 
-# The version that made ../shared/reference (its README names it).
+# The version that made tests/reference (its README names it).
 version=0.3.36
 if ! command -v c++ >/dev/null; then
   echo "llama-cpp: building llama.cpp needs a C++ compiler; install g++" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How close llama.cpp comes to its own reference data (../shared/reference) when nothing but
+"""How close llama.cpp comes to its own reference data (tests/reference) when nothing but
 its attention path or KV-cache precision changes: the floor under any bound that a test of
 flint against that data can demand. Prints a markdown table.
 
@@ -67,7 +67,7 @@ def perplexity(llm, ids, ctx, windows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "reference"))
+    parser.add_argument("--reference", default=str(Path(__file__).resolve().parents[1] / "tests" / "reference"))
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     parser.add_argument("--models", default=os.environ.get("FLINT_MODEL_DIR", str(cache / "flint/models")))
     parser.add_argument("--text", default="/usr/share/common-licenses/Apache-2.0")

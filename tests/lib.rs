@@ -2,8 +2,8 @@
 //! llama.cpp's reference data live.
 //!
 //! The models are fetched by `scripts/fetch-models.sh` into `$FLINT_MODEL_DIR`, else
-//! `${XDG_CACHE_HOME:-~/.cache}/flint/models`. The reference data is `../shared/reference/`
-//! beside the repository, or `$FLINT_REFERENCE_DIR`. A missing model or reference folder fails
+//! `${XDG_CACHE_HOME:-~/.cache}/flint/models`. The reference data is `tests/reference/` in
+//! the repository (its README says how llama.cpp made it), or `$FLINT_REFERENCE_DIR`. A missing model or reference folder fails
 //! the test that needs it, with a message saying how to get it: it is never a skip.
 
 use std::path::{Path, PathBuf};
@@ -69,8 +69,8 @@ pub fn model_dir() -> PathBuf {
     })
 }
 
-/// The reference data from llama.cpp: `$FLINT_REFERENCE_DIR`, else `shared/reference/` beside
-/// the repository.
+/// The reference data from llama.cpp: `$FLINT_REFERENCE_DIR`, else `tests/reference/` in the
+/// repository.
 ///
 /// # Panics
 /// When the folder is missing.
@@ -78,7 +78,7 @@ pub fn reference_dir() -> PathBuf {
     let dir = std::env::var_os("FLINT_REFERENCE_DIR")
         .filter(|value| !value.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("reference"));
     assert!(
         dir.is_dir(),
         "reference data folder {} is missing: set FLINT_REFERENCE_DIR to the folder holding \

@@ -1,5 +1,5 @@
 //! The forward passes of the two real models against llama.cpp's reference data
-//! (`../shared/reference/<model>/`): greedy decoding, teacher-forced top-1 tokens and
+//! (`tests/reference/<model>/`): greedy decoding, teacher-forced top-1 tokens and
 //! log-probabilities, perplexity; and the batching invariants the engine relies on: a prompt in
 //! chunks gives the logits of the prompt at once, and a batch of sequences the logits of each
 //! alone.
@@ -320,7 +320,7 @@ const PERPLEXITY_TEXT: &str = "/usr/share/common-licenses/Apache-2.0";
 const PERPLEXITY_BELOW: f64 = 0.03;
 const PERPLEXITY_ABOVE: f64 = 0.01;
 
-/// Perplexity as `../shared/reference/README.md` defines it, by the same function that
+/// Perplexity as `tests/reference/README.md` defines it, by the same function that
 /// `flint perplexity` runs. Returns the perplexity and the number of tokens scored.
 fn perplexity(loaded: &Loaded, ids: &[u32], ctx_tokens: usize, max_windows: usize) -> (f64, usize) {
     let result = pollster::block_on(flint_core::generate::perplexity(
