@@ -173,22 +173,22 @@ impl QuantMatrix {
     /// helpers before the Q4_K and Q5_K decoders, and block32.wgsl after the decoders without a
     /// load32 of their own). A kernel appends its own family file after them.
     fn decoder_parts(quant: QuantType) -> Vec<&'static str> {
-        const COMMON: &str = include_str!("../../../../shaders/quant/common.wgsl");
-        const K_SCALES: &str = include_str!("../../../../shaders/quant/k_scales.wgsl");
+        const COMMON: &str = include_str!("../../shaders/quant/common.wgsl");
+        const K_SCALES: &str = include_str!("../../shaders/quant/k_scales.wgsl");
         let decoder = match quant {
-            QuantType::F32 => include_str!("../../../../shaders/quant/f32.wgsl"),
-            QuantType::F16 => include_str!("../../../../shaders/quant/f16.wgsl"),
-            QuantType::BF16 => include_str!("../../../../shaders/quant/bf16.wgsl"),
-            QuantType::Q4_0 => include_str!("../../../../shaders/quant/q4_0.wgsl"),
-            QuantType::Q4_1 => include_str!("../../../../shaders/quant/q4_1.wgsl"),
-            QuantType::Q5_0 => include_str!("../../../../shaders/quant/q5_0.wgsl"),
-            QuantType::Q5_1 => include_str!("../../../../shaders/quant/q5_1.wgsl"),
-            QuantType::Q8_0 => include_str!("../../../../shaders/quant/q8_0.wgsl"),
-            QuantType::Q4K => include_str!("../../../../shaders/quant/q4_k.wgsl"),
-            QuantType::Q5K => include_str!("../../../../shaders/quant/q5_k.wgsl"),
-            QuantType::Q6K => include_str!("../../../../shaders/quant/q6_k.wgsl"),
+            QuantType::F32 => include_str!("../../shaders/quant/f32.wgsl"),
+            QuantType::F16 => include_str!("../../shaders/quant/f16.wgsl"),
+            QuantType::BF16 => include_str!("../../shaders/quant/bf16.wgsl"),
+            QuantType::Q4_0 => include_str!("../../shaders/quant/q4_0.wgsl"),
+            QuantType::Q4_1 => include_str!("../../shaders/quant/q4_1.wgsl"),
+            QuantType::Q5_0 => include_str!("../../shaders/quant/q5_0.wgsl"),
+            QuantType::Q5_1 => include_str!("../../shaders/quant/q5_1.wgsl"),
+            QuantType::Q8_0 => include_str!("../../shaders/quant/q8_0.wgsl"),
+            QuantType::Q4K => include_str!("../../shaders/quant/q4_k.wgsl"),
+            QuantType::Q5K => include_str!("../../shaders/quant/q5_k.wgsl"),
+            QuantType::Q6K => include_str!("../../shaders/quant/q6_k.wgsl"),
         };
-        const BLOCK32: &str = include_str!("../../../../shaders/quant/block32.wgsl");
+        const BLOCK32: &str = include_str!("../../shaders/quant/block32.wgsl");
         let mut parts = match quant {
             QuantType::Q4K | QuantType::Q5K => vec![COMMON, K_SCALES, decoder],
             _ => vec![COMMON, decoder],

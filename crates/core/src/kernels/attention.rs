@@ -60,12 +60,12 @@ use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_in_place};
 use crate::kernels::rope::{Rope, RopeConfig};
 
-const COMMON: &str = include_str!("../../../../shaders/attention.wgsl");
-const DECODE: &str = include_str!("../../../../shaders/attention_decode.wgsl");
-const COMBINE: &str = include_str!("../../../../shaders/attention_combine.wgsl");
-const PREFILL: &str = include_str!("../../../../shaders/attention_prefill.wgsl");
-const KV_STORE: &str = include_str!("../../../../shaders/kv_store.wgsl");
-const ROPE_KV: &str = include_str!("../../../../shaders/rope_kv.wgsl");
+const COMMON: &str = include_str!("../../shaders/attention.wgsl");
+const DECODE: &str = include_str!("../../shaders/attention_decode.wgsl");
+const COMBINE: &str = include_str!("../../shaders/attention_combine.wgsl");
+const PREFILL: &str = include_str!("../../shaders/attention_prefill.wgsl");
+const KV_STORE: &str = include_str!("../../shaders/kv_store.wgsl");
+const ROPE_KV: &str = include_str!("../../shaders/rope_kv.wgsl");
 
 /// The largest head size the kernels take: decode spreads a head over its 64 invocations, one
 /// vec4 each, and prefill's K/V tiles must fit 16 KiB of workgroup memory.

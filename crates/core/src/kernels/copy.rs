@@ -7,8 +7,8 @@ use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor};
 use crate::kernels::ensure;
 use crate::quant::QuantType;
 
-const SOURCE: &str = include_str!("../../../../shaders/copy.wgsl");
-const READ_WEIGHTS_SOURCE: &str = include_str!("../../../../shaders/read_weights.wgsl");
+const SOURCE: &str = include_str!("../../shaders/copy.wgsl");
+const READ_WEIGHTS_SOURCE: &str = include_str!("../../shaders/read_weights.wgsl");
 const WG_SIZE: u32 = 256;
 
 #[repr(C)]

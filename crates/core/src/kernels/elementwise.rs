@@ -26,10 +26,10 @@ use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 use crate::kernels::norm::{REDUCTION_WG_SIZE, reduction_rows_per_workgroup};
 
-const ELEMENTWISE_SOURCE: &str = include_str!("../../../../shaders/elementwise.wgsl");
+const ELEMENTWISE_SOURCE: &str = include_str!("../../shaders/elementwise.wgsl");
 /// The activation functions, shared with the matmul kernel's gated input.
-pub(crate) const ACTIVATION_SOURCE: &str = include_str!("../../../../shaders/activation.wgsl");
-const SOFTMAX_SOURCE: &str = include_str!("../../../../shaders/softmax.wgsl");
+pub(crate) const ACTIVATION_SOURCE: &str = include_str!("../../shaders/activation.wgsl");
+const SOFTMAX_SOURCE: &str = include_str!("../../shaders/softmax.wgsl");
 const ELEMENTWISE_WG_SIZE: u32 = 256;
 
 /// The activation of a gated feed-forward block: `out = act(gate) * up`.

@@ -6,7 +6,7 @@ use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor};
 use crate::kernels::ensure;
 use crate::quant::QuantType;
 
-const SOURCE: &str = include_str!("../../../../shaders/embedding.wgsl");
+const SOURCE: &str = include_str!("../../shaders/embedding.wgsl");
 const WG_SIZE: u32 = 64;
 
 #[repr(C)]

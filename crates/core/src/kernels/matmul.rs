@@ -9,7 +9,7 @@ use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm};
 use crate::quant::QuantType;
 
-const SOURCE: &str = include_str!("../../../../shaders/matmul.wgsl");
+const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 /// Invocations per workgroup on CPU devices where the adapter does not say its SIMD width: one
 /// SIMD group of lavapipe's default 256-bit vectors.
 const CPU_WG_SIZE: u32 = 8;

@@ -28,7 +28,7 @@ use crate::Result;
 use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
-const SOURCE: &str = include_str!("../../../../shaders/norm.wgsl");
+const SOURCE: &str = include_str!("../../shaders/norm.wgsl");
 /// Invocations per workgroup of the row reductions (RMSNorm here, softmax in `elementwise`).
 pub(crate) const REDUCTION_WG_SIZE: u32 = 64;
 

@@ -36,8 +36,8 @@ use crate::Result;
 use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
-const COMMON: &str = include_str!("../../../../shaders/rope_common.wgsl");
-const SOURCE: &str = include_str!("../../../../shaders/rope.wgsl");
+const COMMON: &str = include_str!("../../shaders/rope_common.wgsl");
+const SOURCE: &str = include_str!("../../shaders/rope.wgsl");
 const WG_SIZE: u32 = 64;
 
 /// Which dimensions of a head rotate together (llama.cpp's rope types).

@@ -28,7 +28,7 @@ use crate::Result;
 use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 
-const SOURCE: &str = include_str!("../../../../shaders/sample.wgsl");
+const SOURCE: &str = include_str!("../../shaders/sample.wgsl");
 const WG_SIZE: usize = 128;
 
 /// The most candidates [`CandidateDepth::Top`] returns per row: enough for top-k sampling with
