@@ -23,5 +23,6 @@ pub mod openai;
 pub mod quant;
 pub mod sample;
 pub mod tokenizer;
+mod tuning;
 
 pub use error::{Error, Result};

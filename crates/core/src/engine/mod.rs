@@ -843,7 +843,12 @@ impl StepLoop {
         }
     }
 
+    /// Publishes the metrics. Out of work, the steps' pooled buffers are freed first, so that an
+    /// engine reported idle holds only its weights and KV cache.
     fn publish_metrics(&self) {
+        if self.scheduler.is_idle() {
+            self.model.gpu().free_idle_buffers();
+        }
         let c = &self.counters;
         let admitted = &self.scheduler.stats;
         let metrics = EngineMetrics {

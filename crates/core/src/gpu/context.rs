@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use crate::gpu::Encoder;
 use crate::gpu::memory::MemoryLedger;
 use crate::gpu::pipeline::PipelineCache;
+use crate::gpu::pool::BufferPool;
 use crate::gpu::profile::Profile;
+use crate::tuning::{self, DeviceClass};
 use crate::{Error, Result};
 
 /// How to pick and open a GPU.
@@ -105,6 +107,8 @@ pub struct GpuContext {
     device: wgpu::Device,
     queue: wgpu::Queue,
     adapter_info: wgpu::AdapterInfo,
+    /// What the kernels' tuning reads of the device, taken from the adapter once.
+    device_class: DeviceClass,
     features: GpuFeatures,
     limits: wgpu::Limits,
     pub(crate) pipelines: PipelineCache,
@@ -119,6 +123,8 @@ pub struct GpuContext {
     /// The open profile, while kernels are being timed.
     pub(crate) profile: Mutex<Option<Profile>>,
     pub(crate) memory: Arc<MemoryLedger>,
+    /// Released tensors', parameters' and readback buffers, for reuse.
+    pub(crate) buffers: Arc<BufferPool>,
     /// The textures [`GpuContext::scratch_textures`] hands out, and the words each holds.
     scratch_textures: Mutex<Option<(usize, [wgpu::Texture; 2])>>,
 }
@@ -162,6 +168,8 @@ impl GpuContext {
             }
         }));
         let limits = device.limits();
+        let memory = Arc::new(MemoryLedger::new(options.memory_budget));
+        let device_class = DeviceClass::of(&info);
         // wgpu's WebGPU types are neither Send nor Sync on wasm32, where there is one thread.
         #[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
         let ctx = Arc::new(GpuContext {
@@ -175,19 +183,21 @@ impl GpuContext {
                     WeightStorage::Auto => {
                         !options.portable_only
                             && !cfg!(target_arch = "wasm32")
-                            && info.device_type == wgpu::DeviceType::Cpu
+                            && tuning::weights_in_textures(device_class)
                     }
                 },
             },
             device,
             queue,
             adapter_info: info,
+            device_class,
             limits,
             pipelines: PipelineCache::default(),
             dispatches: std::sync::atomic::AtomicU64::new(0),
             layer_dispatches: std::sync::atomic::AtomicU64::new(0),
             profile: Mutex::new(None),
-            memory: Arc::new(MemoryLedger::new(options.memory_budget)),
+            memory: Arc::clone(&memory),
+            buffers: Arc::new(BufferPool::new(memory)),
             captured_error,
             scratch_textures: Mutex::new(None),
         });
@@ -231,6 +241,11 @@ impl GpuContext {
         &self.adapter_info
     }
 
+    /// The kind of device, which decides the kernels' tuning (`tuning.rs`).
+    pub fn device_class(&self) -> DeviceClass {
+        self.device_class
+    }
+
     /// The optional features this device was opened with.
     pub fn features(&self) -> GpuFeatures {
         self.features
@@ -263,8 +278,15 @@ impl GpuContext {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
-    /// Bytes of GPU memory held now by flint's tensors and weights (not counting the small
-    /// uniform and readback buffers of each step).
+    /// Frees the buffers that released tensors left for reuse (the engine calls this when it
+    /// runs out of work, so that an idle engine holds only its weights and KV cache).
+    pub(crate) fn free_idle_buffers(&self) {
+        self.buffers.free_idle();
+    }
+
+    /// Bytes of GPU memory held now by flint's weights, tensors, parameter and readback buffers,
+    /// including released buffers kept for reuse (freed when idle for a while, past 64 MiB of
+    /// them, when the budget needs their room, and when the engine runs out of work).
     pub fn memory_in_use(&self) -> u64 {
         self.memory.in_use()
     }
@@ -313,7 +335,10 @@ impl GpuContext {
     /// Submits recorded work (its parameters written first), then reports any error wgpu raised
     /// while recording it.
     pub fn submit(&self, encoder: Encoder) -> Result<()> {
-        self.queue.submit([encoder.finish(&self.queue)]);
+        let (commands, open) = encoder.finish(&self.queue);
+        self.queue.submit([commands]);
+        // Only now may buffers released while it was recorded be handed out again.
+        drop(open);
         self.check_errors()
     }
 
@@ -322,18 +347,23 @@ impl GpuContext {
     /// Natively this waits on the device (the host runs the engine on its own thread); on the web
     /// it awaits the `mapAsync` callback and never blocks.
     pub async fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("flint readback"),
-            size: size.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let copied = size.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        let mut pooled = self.buffers.acquire(
+            &self.device,
+            "flint readback",
+            copied,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        // Mapped or being mapped, it may not be copied into: should this fail or its future be
+        // dropped half-way, the buffer is freed rather than pooled.
+        pooled.set_returns_to_pool(false);
+        let staging = pooled.buffer();
         let mut encoder = self.encoder("flint readback");
-        encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, staging.size());
+        encoder.copy_buffer_to_buffer(buffer, offset, staging, 0, copied);
         self.submit(encoder)?;
 
         let (sender, receiver) = futures::channel::oneshot::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |result| {
+        staging.slice(..copied).map_async(wgpu::MapMode::Read, move |result| {
             let _ = sender.send(result);
         });
         #[cfg(not(target_arch = "wasm32"))]
@@ -343,9 +373,12 @@ impl GpuContext {
             .map_err(|_| Error::Readback("the device was lost before the copy finished".into()))?
             .map_err(|e| Error::Readback(e.to_string()))?;
         self.check_errors()?;
-        let view = staging.slice(..).get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
+        let view = staging.slice(..copied).get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
         let mut bytes = view.to_vec();
         bytes.truncate(size as usize);
+        drop(view);
+        staging.unmap();
+        pooled.set_returns_to_pool(true);
         Ok(bytes)
     }
 }

@@ -11,7 +11,9 @@
 
 use std::num::NonZeroU64;
 
+use crate::Result;
 use crate::gpu::GpuContext;
+use crate::gpu::pool::{OpenEncoder, PooledBuffer};
 
 /// Bytes of one parameter block: room for a decode step's ~150 dispatches at a 256-byte
 /// alignment.
@@ -26,12 +28,14 @@ pub struct Encoder {
     /// Offsets of parameters are multiples of this: the device's uniform and storage binding
     /// offset alignments, whichever is larger.
     alignment: u64,
+    /// Holds back buffers released while this records, until it is submitted or dropped.
+    open: OpenEncoder,
 }
 
 /// Part of a uniform buffer, filled on the CPU while dispatches are recorded and written to the
 /// GPU when the encoder is submitted.
 struct ParamsBlock {
-    buffer: wgpu::Buffer,
+    buffer: PooledBuffer,
     bytes: Vec<u8>,
 }
 
@@ -65,6 +69,7 @@ impl Encoder {
             pass: None,
             params: Vec::new(),
             alignment: alignment.max(16),
+            open: ctx.buffers.open_encoder(),
         }
     }
 
@@ -76,23 +81,21 @@ impl Encoder {
     /// ~4 ms each time a bind group with a texture is bound (measured on lavapipe 22.3).
     ///
     /// [`GpuFeatures::weight_textures`]: crate::gpu::GpuFeatures::weight_textures
-    pub fn params<T: bytemuck::Pod>(&mut self, ctx: &GpuContext, data: &T) -> ParamsSlot {
+    ///
+    /// Fails only when a new block of parameters does not fit the memory budget.
+    pub fn params<T: bytemuck::Pod>(&mut self, ctx: &GpuContext, data: &T) -> Result<ParamsSlot> {
         let bytes = bytemuck::bytes_of(data);
         // WGSL structs are sized in multiples of 16 bytes; a binding may not be empty.
         let size = (bytes.len() as u64).next_multiple_of(16).max(16);
         let alignment = self.alignment;
         let fits = |block: &ParamsBlock| {
-            (block.bytes.len() as u64).next_multiple_of(alignment) + size <= block.buffer.size()
+            (block.bytes.len() as u64).next_multiple_of(alignment) + size <= block.buffer.buffer().size()
         };
         if self.params.last().is_none_or(|block| !fits(block)) {
-            let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-                label: Some("flint params"),
-                size: PARAMS_BLOCK_BYTES.max(size),
-                usage: wgpu::BufferUsages::UNIFORM
-                    | wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+            let usage =
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+            let buffer =
+                ctx.buffers.acquire(ctx.device(), "flint params", PARAMS_BLOCK_BYTES.max(size), usage)?;
             self.params.push(ParamsBlock { buffer, bytes: Vec::new() });
         }
         let last = self.params.len() - 1;
@@ -102,7 +105,7 @@ impl Encoder {
         block.bytes.extend_from_slice(bytes);
         block.bytes.resize((offset + size) as usize, 0);
         let size = NonZeroU64::new(size).unwrap_or(NonZeroU64::MIN);
-        ParamsSlot { buffer: block.buffer.clone(), offset, size }
+        Ok(ParamsSlot { buffer: block.buffer.buffer().clone(), offset, size })
     }
 
     /// The open compute pass, opened now if there is none.
@@ -149,12 +152,14 @@ impl Encoder {
         self.raw().copy_buffer_to_buffer(source, source_offset, destination, destination_offset, size);
     }
 
-    /// Writes the parameters (ahead of the commands, in queue order) and finishes the commands.
-    pub(crate) fn finish(mut self, queue: &wgpu::Queue) -> wgpu::CommandBuffer {
-        self.pass = None;
-        for block in &self.params {
-            queue.write_buffer(&block.buffer, 0, &block.bytes);
+    /// Writes the parameters (ahead of the commands, in queue order) and finishes the commands;
+    /// the encoder counts as open until the returned guard is dropped, after the submission.
+    pub(crate) fn finish(self, queue: &wgpu::Queue) -> (wgpu::CommandBuffer, OpenEncoder) {
+        let Encoder { raw, pass, params, open, .. } = self;
+        drop(pass);
+        for block in &params {
+            queue.write_buffer(block.buffer.buffer(), 0, &block.bytes);
         }
-        self.raw.finish()
+        (raw.finish(), open)
     }
 }

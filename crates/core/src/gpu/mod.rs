@@ -7,10 +7,12 @@ mod context;
 mod encoder;
 mod memory;
 mod pipeline;
+mod pool;
 mod profile;
 mod tensor;
 pub(crate) mod weight;
 
+pub use crate::tuning::DeviceClass;
 pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions, WeightStorage};
 pub use encoder::{Encoder, ParamsSlot};
 pub use pipeline::{KernelSource, preprocess};

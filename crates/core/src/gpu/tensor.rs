@@ -1,27 +1,29 @@
 //! [`Tensor`]: an f32 or u32 array in a GPU storage buffer, with its shape.
 
 use crate::gpu::GpuContext;
-use crate::gpu::memory::Reservation;
+use crate::gpu::pool::PooledBuffer;
 use crate::{Error, Result};
 
 /// The largest uniform window ([`Tensor::window_binding`]) that kernels read a tensor through.
-/// On CPU devices every tensor's buffer has this many bytes past its elements, so that a
-/// window of a fixed size may start at any of its rows (the window's size is compiled into the
-/// kernel, and a binding may not be smaller than what the kernel declares).
+/// Where the device reads windows (`tuning::tensor_padding_bytes`), every tensor's buffer has
+/// this many bytes past its elements, so that a window of a fixed size may start at any of its
+/// rows (the window's size is compiled into the kernel, and a binding may not be smaller than
+/// what the kernel declares).
 pub const UNIFORM_WINDOW_BYTES: u64 = 1 << 16;
 
 /// A dense array of 4-byte elements (f32 activations, or u32 ids) in one storage buffer.
 /// Row-major; the last dimension is contiguous.
 pub struct Tensor {
-    buffer: wgpu::Buffer,
+    /// From the context's pool, and back to it when the tensor is dropped.
+    buffer: PooledBuffer,
     shape: Vec<usize>,
     /// Bytes of the buffer past the elements.
     padding: u64,
-    _memory: Reservation,
 }
 
 impl Tensor {
-    /// An uninitialised tensor (contents unspecified until a kernel writes it).
+    /// An uninitialised tensor: it may hold what an earlier tensor of the same size left
+    /// (its buffer is reused), so a kernel must write every element before any is read.
     pub fn empty(ctx: &GpuContext, label: &str, shape: &[usize]) -> Result<Self> {
         let elements: usize = shape.iter().product();
         let bytes = (elements.max(1) * 4) as u64;
@@ -32,19 +34,13 @@ impl Tensor {
                 reason: format!("one storage binding holds at most {} bytes", ctx.max_binding_bytes()),
             });
         }
-        let padding =
-            if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu { UNIFORM_WINDOW_BYTES } else { 0 };
-        let memory = ctx.memory.reserve(label, bytes + padding)?;
-        let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes + padding,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::UNIFORM
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        Ok(Tensor { buffer, shape: shape.to_vec(), padding, _memory: memory })
+        let padding = crate::tuning::tensor_padding_bytes(ctx.device_class());
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::UNIFORM
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        let buffer = ctx.buffers.acquire(ctx.device(), label, bytes + padding, usage)?;
+        Ok(Tensor { buffer, shape: shape.to_vec(), padding })
     }
 
     /// A tensor holding `data` (f32, u32 or i32).
@@ -64,7 +60,7 @@ impl Tensor {
         }
         let tensor = Self::empty(ctx, label, shape)?;
         if !data.is_empty() {
-            ctx.queue().write_buffer(&tensor.buffer, 0, bytemuck::cast_slice(data));
+            ctx.queue().write_buffer(tensor.buffer(), 0, bytemuck::cast_slice(data));
         }
         Ok(tensor)
     }
@@ -72,8 +68,8 @@ impl Tensor {
     /// Overwrites every element with the bit pattern `bits` (tests poison outputs with NaN so an
     /// element that a kernel fails to write is caught).
     pub fn fill_bits(&self, ctx: &GpuContext, bits: u32) {
-        let words = vec![bits; (self.buffer.size() / 4) as usize];
-        ctx.queue().write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
+        let words = vec![bits; (self.buffer().size() / 4) as usize];
+        ctx.queue().write_buffer(self.buffer(), 0, bytemuck::cast_slice(&words));
     }
 
     /// Reads the tensor back as f32.
@@ -87,7 +83,7 @@ impl Tensor {
     }
 
     async fn read(&self, ctx: &GpuContext) -> Result<Vec<u8>> {
-        ctx.read_bytes(&self.buffer, 0, (self.len() * 4) as u64).await
+        ctx.read_bytes(self.buffer(), 0, (self.len() * 4) as u64).await
     }
 
     /// The dimensions.
@@ -107,7 +103,7 @@ impl Tensor {
 
     /// The storage buffer.
     pub fn buffer(&self) -> &wgpu::Buffer {
-        &self.buffer
+        self.buffer.buffer()
     }
 
     /// The elements as a binding (without the padding of CPU devices).
@@ -117,7 +113,7 @@ impl Tensor {
 
     /// Whether `other` is this very tensor (the same GPU buffer).
     pub fn same_buffer(&self, other: &Tensor) -> bool {
-        self.buffer == other.buffer
+        self.buffer() == other.buffer()
     }
 
     /// Bytes of the buffer past the elements, which a window may reach into.
@@ -129,7 +125,7 @@ impl Tensor {
     /// may reach up to [`UNIFORM_WINDOW_BYTES`] past the last element into the padding.
     pub fn window_binding(&self, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: &self.buffer,
+            buffer: self.buffer(),
             offset,
             size: wgpu::BufferSize::new(size),
         })

@@ -59,6 +59,7 @@ use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_in_place};
 use crate::kernels::rope::{Rope, RopeConfig};
+use crate::tuning;
 
 const COMMON: &str = include_str!("../../shaders/attention.wgsl");
 const DECODE: &str = include_str!("../../shaders/attention_decode.wgsl");
@@ -73,13 +74,10 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 const KV_STORE_WG: u32 = 256;
 const ROPE_KV_WG: u32 = 64;
-const DECODE_WG: u32 = 64;
+pub(crate) const DECODE_WG: u32 = 64;
 /// One SIMD group of lavapipe (8 f32 lanes of 256 bits): the serial decode's lanes, which must
 /// lie in one subgroup.
-const DECODE_SERIAL_WG: u32 = 8;
-/// Split decode on GPUs: workgroups to aim for over a step's (sequence, kv head, chunk) groups
-/// and their spans of keys; a few per compute unit of a large GPU (an H200 has 132).
-const DECODE_SPLIT_WORKGROUPS: usize = 256;
+pub(crate) const DECODE_SERIAL_WG: u32 = 8;
 /// Decode: the most query heads of one kv head that a workgroup serves, reading each key and
 /// value once for all of them; bounded by their queries' and scores' workgroup memory.
 const DECODE_MAX_GROUP_HEADS: usize = 8;
@@ -397,7 +395,7 @@ pub fn store_kv(
     let params = encoder.params(
         ctx,
         &KvStoreParams { row_vec4s, n_tokens: n_tokens as u32, n_slots: geometry.slots() as u32, _pad: 0 },
-    );
+    )?;
     let source = KernelSource::new(KERNEL, &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u"));
     ctx.dispatch(
         encoder,
@@ -482,7 +480,7 @@ pub fn rope_and_store_kv(
             kv_heads: geometry.n_kv_heads as u32,
             n_slots: geometry.slots() as u32,
         },
-    );
+    )?;
     ctx.dispatch(
         encoder,
         &rope.kernel(KERNEL, &[ROPE_KV]).define("WG_SIZE", format!("{ROPE_KV_WG}u")),
@@ -564,7 +562,7 @@ fn decode_as(
     let chunk_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
     let key_capacity = max_blocks * geometry.block_size;
     let variant = variant.unwrap_or_else(|| {
-        DecodeVariant::choose(
+        tuning::decode_variant(
             ctx,
             n_seqs * n_heads / chunk_heads,
             chunk_heads,
@@ -592,7 +590,7 @@ fn decode_as(
         }
         _ => (1, None),
     };
-    let params = encoder.params(ctx, &params);
+    let params = encoder.params(ctx, &params)?;
     let workgroups = groups * splits;
     let mut bindings = vec![
         params.binding(),
@@ -621,7 +619,7 @@ fn decode_as(
             n_kv_heads: geometry.n_kv_heads as u32,
             splits: splits as u32,
         },
-    );
+    )?;
     let outputs = (out.len() / 4) as u32;
     ctx.dispatch(
         encoder,
@@ -672,9 +670,9 @@ fn prefill_as(
     if n_tokens == 0 {
         return Ok(());
     }
-    let params = encoder.params(ctx, &params);
+    let params = encoder.params(ctx, &params)?;
     let chunk_heads = decode_group_heads(n_heads / geometry.n_kv_heads);
-    let variant = variant.unwrap_or_else(|| PrefillVariant::choose(ctx, chunk_heads, geometry.head_dim));
+    let variant = variant.unwrap_or_else(|| tuning::prefill_variant(ctx, chunk_heads, geometry.head_dim));
     let (workgroups, kv_textures) = match variant {
         PrefillVariant::Workgroups => (n_tokens.div_ceil(PREFILL_ROWS as usize) * n_heads, false),
         PrefillVariant::Serial { group_heads, rows, kv_textures } => {
@@ -814,96 +812,25 @@ fn decode_group_heads(group: usize) -> usize {
     (1..=DECODE_MAX_GROUP_HEADS.min(group)).rev().find(|d| group.is_multiple_of(*d)).unwrap_or(1)
 }
 
-/// How decode attention spreads its work.
+/// How decode attention spreads its work; `tuning::decode_variant` picks the device's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DecodeVariant {
+pub(crate) enum DecodeVariant {
     /// A workgroup per (sequence, kv head, chunk of query heads), keys in tiles shared through
     /// workgroup memory: GPUs, when those workgroups are enough to fill the device.
     Workgroups,
     /// As `Workgroups`, but a workgroup per span of `key_span` keys of each (sequence, kv head,
     /// chunk), and a second pass that combines their partial softmaxes (flash-decoding): GPUs,
-    /// when a step has too few groups to keep the device busy (SmolLM2 has 3 a sequence; one
-    /// workgroup each took 113 µs a layer at 260 keys of context on an H200).
+    /// when a step has too few groups to keep the device busy.
     Split { key_span: usize },
     /// A workgroup of [`DECODE_SERIAL_WG`] lanes in one subgroup per (sequence, kv head, chunk
     /// of `group_heads` query heads), the lanes splitting the heads' dims and walking the keys
     /// together, one at a time (a `subgroupAdd` makes each score): CPU devices with subgroups,
     /// where invocations are SIMD lanes of one thread, a tile of keys in workgroup memory costs
-    /// every lane a loop over it, and private arrays too long to unroll live in memory (on
-    /// lavapipe the workgroup form took 3.5 ms a layer for a sequence of SmolLM2 at 256 keys,
-    /// an invocation per head over all its keys 1.5-2.2, this form 0.83). With `kv_textures`
-    /// the layer's cached keys and values are copied into two textures
+    /// every lane a loop over it, and private arrays too long to unroll live in memory. With
+    /// `kv_textures` the layer's cached keys and values are copied into two textures
     /// ([`GpuContext::scratch_textures`]) before the dispatch, which reads them from there: a
     /// texture load is a gather on lavapipe, a storage load a loop over the lanes.
     Serial { group_heads: usize, kv_textures: bool },
-}
-
-impl DecodeVariant {
-    /// The variant for this device, given the (sequence, kv head, chunk) groups of a step, the
-    /// query heads of a chunk, their size, and the most keys a sequence of the step can have.
-    fn choose(
-        ctx: &GpuContext,
-        chunks: usize,
-        group_heads: usize,
-        head_dim: usize,
-        key_capacity: usize,
-    ) -> Self {
-        if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
-            // Spans of at least a tile of keys each, as many as bring the step to its target.
-            let splits =
-                (DECODE_SPLIT_WORKGROUPS / chunks.max(1)).min(key_capacity.div_ceil(DECODE_WG as usize));
-            if splits <= 1 {
-                return DecodeVariant::Workgroups;
-            }
-            return DecodeVariant::Split {
-                key_span: key_capacity.div_ceil(splits).next_multiple_of(DECODE_WG as usize),
-            };
-        }
-        // The serial variant's lanes must lie in one subgroup.
-        let info = ctx.adapter_info();
-        if !(ctx.features().subgroups && info.subgroup_min_size >= DECODE_SERIAL_WG) {
-            return DecodeVariant::Workgroups;
-        }
-        // On lavapipe each lane's loads cost the most, so a workgroup serves as many heads as
-        // it can (the chunk's largest divisor within the cap), each key and value loaded once
-        // for all; yet no fewer workgroups than the device has threads (lavapipe runs one per
-        // CPU), while fewer heads can give that many. A sequence of SmolLM2-135M at 256 keys:
-        // 0.83 ms a layer with 3 heads a workgroup, 1.66 with 1; of gemma3-270m, 1.35 ms with 2
-        // (2 workgroups), 1.93 with 4 (1), 3.0 with 1.
-        let threads = cpu_threads();
-        let groups = |heads: usize| chunks * (group_heads / heads);
-        let largest = serial_max_group_heads(group_heads, head_dim);
-        let group_heads = (1..=largest)
-            .rev()
-            .filter(|d| largest.is_multiple_of(*d))
-            .find(|&d| groups(d) >= threads)
-            .unwrap_or(1);
-        DecodeVariant::Serial { group_heads, kv_textures: ctx.features().weight_textures }
-    }
-}
-
-/// The machine's CPU threads, looked up once (on Linux the lookup reads cgroup files, too slow
-/// for every decode dispatch).
-fn cpu_threads() -> usize {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
-}
-
-/// The serial variants' lanes each hold a slice of their heads' queries and accumulators in
-/// registers: at most this many values across the heads, so they stay there. On lavapipe
-/// (`decode_timing`, `prefill_timing`), gemma3-270m's 4 heads of 256 a kv head ran fastest 2 at
-/// a time: 16 sequences' decode at 256 keys 6.5 ms a layer against 10.3 with all 4 (the bound
-/// was 1024 before) and 8.9 with 1; a 256-token prompt 38-41 ms against 64-74 with 4 at any
-/// tile of rows and 47-50 with 1. SmolLM2-135M's 3 heads of 64 fit either way.
-const SERIAL_MAX_HEAD_VALUES: usize = 512;
-
-/// The most heads of a chunk of `chunk_heads` that a serial workgroup may serve: the largest
-/// divisor of the chunk within [`SERIAL_MAX_HEAD_VALUES`].
-fn serial_max_group_heads(chunk_heads: usize, head_dim: usize) -> usize {
-    (1..=chunk_heads)
-        .rev()
-        .find(|d| chunk_heads.is_multiple_of(*d) && d * head_dim <= SERIAL_MAX_HEAD_VALUES)
-        .unwrap_or(1)
 }
 
 fn decode_source(heads: &HeadTransform, group_heads: usize, variant: DecodeVariant) -> KernelSource {
@@ -927,9 +854,9 @@ fn combine_source(head_dim: usize, group_heads: usize) -> KernelSource {
         .define("WG", format!("{DECODE_WG}u"))
 }
 
-/// How prefill attention spreads its work.
+/// How prefill attention spreads its work; `tuning::prefill_variant` picks the device's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PrefillVariant {
+pub(crate) enum PrefillVariant {
     /// A workgroup per (tile of [`PREFILL_ROWS`] tokens, query head), keys in tiles shared
     /// through workgroup memory: GPUs.
     Workgroups,
@@ -938,29 +865,6 @@ enum PrefillVariant {
     /// the keys together, as in [`DecodeVariant::Serial`]: CPU devices with subgroups.
     /// With `kv_textures`, as [`DecodeVariant::Serial`].
     Serial { group_heads: usize, rows: usize, kv_textures: bool },
-}
-
-impl PrefillVariant {
-    /// The variant for this device, given the query heads of a chunk and their size: on CPU
-    /// devices one token a workgroup, serving as many of the chunk's heads as
-    /// [`serial_max_group_heads`] allows. Tiles of several tokens share each key's loads among
-    /// them, but ran no faster on lavapipe (`prefill_timing`, 256-token prompt, min of 5 runs of
-    /// 4, three sweeps): SmolLM2-135M, all 3 heads, 35-37 ms a layer with 1 token against
-    /// 43-61 with 16 (the choice before) and 61-70 with 2; gemma3-270m, 1 head, 47-50 ms with 1
-    /// token, 104-117 with 2, 66-80 with 4 to 16.
-    fn choose(ctx: &GpuContext, chunk_heads: usize, head_dim: usize) -> Self {
-        let info = ctx.adapter_info();
-        if info.device_type != wgpu::DeviceType::Cpu
-            || !(ctx.features().subgroups && info.subgroup_min_size >= DECODE_SERIAL_WG)
-        {
-            return PrefillVariant::Workgroups;
-        }
-        PrefillVariant::Serial {
-            group_heads: serial_max_group_heads(chunk_heads, head_dim),
-            rows: 1,
-            kv_textures: ctx.features().weight_textures,
-        }
-    }
 }
 
 fn prefill_source(head_dim: usize, variant: PrefillVariant) -> KernelSource {
@@ -995,12 +899,14 @@ fn prefill_tile_keys(head_dim: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::DeviceClass;
     use crate::kernels::norm::tests::reference as norm_reference;
     use crate::kernels::rope::RopeLayout;
     use crate::kernels::rope::tests::{
         config as rope_config, reference as rope_reference, tolerance as rope_tolerance,
     };
     use crate::kernels::testing::{POISON, Rng, assert_close, gpu, validate_wgsl};
+    use crate::tuning::{SERIAL_MAX_HEAD_VALUES, serial_max_group_heads};
 
     /// Bound on the relative error of f32 attention against the f64 reference: softmax weights and
     /// weighted sums over a few hundred keys lose a few ulps each.
@@ -1451,7 +1357,7 @@ mod tests {
                 let options = AttentionOptions::new(heads.head_dim);
                 let chunk = decode_group_heads(heads.n_heads / heads.n_kv_heads);
                 let mut variants = vec![None, Some(DecodeVariant::Workgroups)];
-                if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+                if ctx.device_class() == DeviceClass::Cpu {
                     for group_heads in (1..=chunk).filter(|d| chunk.is_multiple_of(*d)) {
                         for kv_textures in [false, true] {
                             variants.push(Some(DecodeVariant::Serial { group_heads, kv_textures }));
@@ -1521,7 +1427,7 @@ mod tests {
             let options = AttentionOptions::new(heads.head_dim);
             let chunk = decode_group_heads(heads.n_heads / heads.n_kv_heads);
             let mut cases: Vec<(Option<PrefillVariant>, f64)> = vec![(None, f64::MAX)];
-            if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+            if ctx.device_class() == DeviceClass::Cpu {
                 for group_heads in (1..=chunk).filter(|d| chunk.is_multiple_of(*d)) {
                     for rows in [1, 2, 4, 8, 16] {
                         let variant = PrefillVariant::Serial { group_heads, rows, kv_textures: true };
@@ -1664,7 +1570,7 @@ mod tests {
                 PrefillVariant::Serial { group_heads: 1, rows: 1, kv_textures: false },
                 PrefillVariant::Serial { group_heads: largest, rows: 3, kv_textures: false },
                 PrefillVariant::Serial { group_heads: largest, rows: 3, kv_textures: true },
-                PrefillVariant::choose(ctx, chunk, heads.head_dim),
+                tuning::prefill_variant(ctx, chunk, heads.head_dim),
             ]);
         }
         for variant in variants {

@@ -32,7 +32,7 @@ pub fn copy(ctx: &GpuContext, encoder: &mut Encoder, src: &Tensor, dst: &Tensor)
         )
     })?;
     let count = (src.len() / 4) as u32;
-    let params = encoder.params(ctx, &Params { count, _pad: [0; 3] });
+    let params = encoder.params(ctx, &Params { count, _pad: [0; 3] })?;
     let groups = ctx.grid(count.div_ceil(WG_SIZE));
     ctx.dispatch(encoder, &source("copy_vec4"), &[src.binding(), dst.binding(), params.binding()], groups)
 }
@@ -48,7 +48,7 @@ pub fn read(ctx: &GpuContext, encoder: &mut Encoder, src: &Tensor, sink: &Tensor
             groups * WG_SIZE
         )
     })?;
-    let params = encoder.params(ctx, &Params { count: (src.len() / 4) as u32, _pad: [0; 3] });
+    let params = encoder.params(ctx, &Params { count: (src.len() / 4) as u32, _pad: [0; 3] })?;
     ctx.dispatch(
         encoder,
         &source("read_vec4"),
@@ -78,7 +78,7 @@ pub fn read_weights(
     .define("WG_SIZE", format!("{WG_SIZE}u"));
     for chunk in weight.chunks() {
         let count = (chunk.rows * weight.row_words() / 4) as u32;
-        let params = encoder.params(ctx, &Params { count, _pad: [0; 3] });
+        let params = encoder.params(ctx, &Params { count, _pad: [0; 3] })?;
         ctx.dispatch(
             encoder,
             &source,

@@ -24,7 +24,8 @@
 use crate::Result;
 use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
-use crate::kernels::norm::{REDUCTION_WG_SIZE, reduction_rows_per_workgroup};
+use crate::kernels::norm::REDUCTION_WG_SIZE;
+use crate::tuning::reduction_rows_per_workgroup;
 
 const ELEMENTWISE_SOURCE: &str = include_str!("../../shaders/elementwise.wgsl");
 /// The activation functions, shared with the matmul kernel's gated input.
@@ -110,7 +111,7 @@ pub fn add_bias_in_place(ctx: &GpuContext, encoder: &mut Encoder, x: &Tensor, bi
         return Ok(());
     }
     let count = x.len() as u32;
-    let params = encoder.params(ctx, &Params { count, factor: 1.0, bias_len: cols as u32, _pad: 0 });
+    let params = encoder.params(ctx, &Params { count, factor: 1.0, bias_len: cols as u32, _pad: 0 })?;
     ctx.dispatch(
         encoder,
         &elementwise_source(ENTRY, true, true),
@@ -169,7 +170,7 @@ fn record(
     if count == 0 {
         return Ok(());
     }
-    let params = encoder.params(ctx, &Params { count: count as u32, factor, bias_len: 0, _pad: 0 });
+    let params = encoder.params(ctx, &Params { count: count as u32, factor, bias_len: 0, _pad: 0 })?;
     let mut bindings = vec![params.binding(), a.binding()];
     bindings.extend(b.map(Tensor::binding));
     bindings.extend(out.map(Tensor::binding));
@@ -228,7 +229,7 @@ fn record_softmax(
         return Ok(());
     }
     let rows = x.len() / n;
-    let params = encoder.params(ctx, &SoftmaxParams { rows: rows as u32, n: n as u32, scale, _pad: 0 });
+    let params = encoder.params(ctx, &SoftmaxParams { rows: rows as u32, n: n as u32, scale, _pad: 0 })?;
     let mut bindings = vec![params.binding(), x.binding()];
     bindings.extend(out.map(Tensor::binding));
     let source = softmax_source(ctx, out.is_none(), rows_per_workgroup);

@@ -63,7 +63,7 @@ pub fn embedding(
                 total_rows: table.rows() as u32,
                 zero_missing: u32::from(i == 0),
             },
-        );
+        )?;
         ctx.dispatch(
             encoder,
             &source,

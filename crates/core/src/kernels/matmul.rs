@@ -8,21 +8,9 @@ use crate::kernels::elementwise::{ACTIVATION_SOURCE, GatedActivation};
 use crate::kernels::ensure;
 use crate::kernels::norm::{NormWeight, RmsNorm};
 use crate::quant::QuantType;
+use crate::tuning;
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
-/// Invocations per workgroup on CPU devices where the adapter does not say its SIMD width: one
-/// SIMD group of lavapipe's default 256-bit vectors.
-const CPU_WG_SIZE: u32 = 8;
-
-/// Invocations per workgroup on a CPU device: one SIMD group, which is what a CPU device's
-/// subgroup is (lavapipe: 8 lanes at its default 256-bit vectors, 16 with
-/// `LP_NATIVE_VECTOR_WIDTH=512`, where workgroups of 8 leave half of each vector idle).
-fn cpu_wg_size(subgroup_max_size: u32) -> u32 {
-    match subgroup_max_size {
-        0 => CPU_WG_SIZE,
-        lanes => lanes.next_power_of_two().clamp(CPU_WG_SIZE, 64),
-    }
-}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -46,7 +34,7 @@ struct Params {
 
 /// How the partial sums of one row's invocations are added.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reduce {
+pub(crate) enum Reduce {
     /// One invocation per row: nothing to add.
     None,
     /// `subgroupShuffleXor` butterflies (the row's invocations lie in one subgroup).
@@ -55,45 +43,34 @@ enum Reduce {
     Shared,
 }
 
-/// One compiled shape of the kernel.
+/// One compiled shape of the kernel; `tuning::matmul_variant` picks the device's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Variant {
-    wg_size: u32,
-    threads_per_row: u32,
+pub(crate) struct Variant {
+    pub(crate) wg_size: u32,
+    pub(crate) threads_per_row: u32,
     /// Weight rows per invocation: each activation loaded is used this many times.
-    row_tile: u32,
+    pub(crate) row_tile: u32,
     /// Batch rows per invocation: each decoded weight is used this many times.
-    batch_tile: u32,
-    reduce: Reduce,
+    pub(crate) batch_tile: u32,
+    pub(crate) reduce: Reduce,
     /// Lane j of a subgroup loads the j-th 4 activations of each block of 32 and
     /// `subgroupBroadcast` hands them to all (needs subgroups of at least 8 invocations and
     /// `threads_per_row` 1, so that a whole subgroup reads the same activations).
-    x_broadcast: bool,
+    pub(crate) x_broadcast: bool,
     /// Some(n): x (and a gated input's up projection) are read through uniform windows of n
-    /// batch rows, one dispatch a window (CPU devices: see [`Variant::choose`]).
-    x_window_rows: Option<u32>,
+    /// batch rows, one dispatch a window (CPU devices: see `tuning::matmul_variant`).
+    pub(crate) x_window_rows: Option<u32>,
     /// The tiled matrix × matrix kernel (TILED in matmul.wgsl): a workgroup of 256 shares
     /// decoded weights and activations through workgroup memory for a [`TILED_ROWS`] ×
     /// `batch_tile` block of the output. The other fields are ignored but `wg_size` (256).
-    tiled: bool,
+    pub(crate) tiled: bool,
 }
 
-/// A GPU product with this many rows has workgroups enough at any batch: tiles of 4 batch rows
-/// from 2 on, and 8 invocations a row where rows are short (an LM head: SmolLM2's 49152 × 576
-/// Q8_0 at batch 4 took 59 µs so, against 137 with 32 invocations and one batch row).
-const GPU_MANY_ROWS: usize = 8192;
-
-/// GPUs take the tiled kernel from this many batch rows on, when the product has at least
-/// [`TILED_MIN_BLOCKS`] blocks of 64 × 64.
-const TILED_MIN_BATCH: usize = 32;
-/// See [`TILED_MIN_BATCH`].
-const TILED_MIN_BLOCKS: usize = 64;
-
 /// Weight rows of the tiled kernel's output block.
-const TILED_ROWS: u32 = 64;
+pub(crate) const TILED_ROWS: u32 = 64;
 
 /// The tiled kernel for GPUs at large batches: 64 weight rows × 64 batch rows a workgroup.
-const TILED: Variant = Variant {
+pub(crate) const TILED: Variant = Variant {
     wg_size: 256,
     threads_per_row: 1,
     row_tile: 1,
@@ -104,143 +81,7 @@ const TILED: Variant = Variant {
     tiled: true,
 };
 
-/// How much code a type's block decoder is, which bounds the tile a CPU device runs well.
-#[derive(Clone, Copy)]
-enum DecoderSize {
-    Small,
-    Medium,
-    Large,
-}
-
-impl DecoderSize {
-    fn of(quant: QuantType) -> Self {
-        match quant {
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => DecoderSize::Small,
-            QuantType::Q5_0
-            | QuantType::Q4K
-            | QuantType::Q6K
-            | QuantType::F16
-            | QuantType::BF16
-            | QuantType::F32 => DecoderSize::Medium,
-            QuantType::Q5_1 | QuantType::Q5K => DecoderSize::Large,
-        }
-    }
-}
-
 impl Variant {
-    /// The variant for `batch` rows of activations on this device.
-    ///
-    /// CPU devices (lavapipe, SwiftShader) run a workgroup on one thread, its invocations as
-    /// SIMD lanes, where barriers are expensive (a 64-wide tree reduction ran at 0.2-0.4 GB/s on
-    /// lavapipe against 1.0-1.7 with no barrier), so each invocation sums whole rows alone.
-    /// lavapipe (Mesa 22.3) turns every storage load whose address is not a constant into a
-    /// loop over the lanes, one scalar at a time with a bounds check and branches, and a
-    /// uniform-buffer load into a branch-free gather, while arithmetic stays SIMD (read from the
-    /// JIT's machine code: a 4 × 4 tile's step was ~1550 instructions, half of them gathering
-    /// activations that every lane already shared). So an invocation takes a tile of rows ×
-    /// batch rows, each activation reused across the rows and each decoded weight across the
-    /// batch rows; with subgroups each lane loads one vec4 of a block's 32 activations and
-    /// broadcasts it (a broadcast from a constant lane is a plain SIMD shuffle), and x is read
-    /// through uniform windows (`x_window_rows`). SmolLM2's 1536 × 576 Q4_1 product, min of
-    /// 3 × 6 runs: 0.20 ms at batch 1 (0.32 with one scalar broadcast per 8 activations from
-    /// storage), 0.31 at 4, 0.87 at 16 (2.8), 3.45 at 64 (10.8). A workgroup is one
-    /// SIMD group ([`cpu_wg_size`]: 8 lanes at lavapipe's default width), so that even SmolLM2's 192-row k and v projections make several
-    /// workgroups for the device's threads to share (64 invocations × 4 rows made one, and the
-    /// 576-row projections two: at 16 batch rows the 576 × 1536 product took 3.6 ms against 2.2
-    /// with workgroups of 8, min of 5 interleaved runs). Tiles, the best of a sweep of each: for
-    /// the types with small block decoders (Q4_0, Q4_1, Q8_0) 8 rows at batch 1, 4 × 4 beyond.
-    /// Larger decoders make the kernel's loops over the tile too large for the driver to unroll
-    /// (Mesa's NIR unroller has a size limit), and a loop left rolled keeps the tile's arrays in
-    /// memory with per-lane indexing: 6-10x slower (Q5_0, 1536 × 768 at batch 1: 4.7 ms with 8
-    /// rows, 0.7 with 2 or 4). So the other types take 2 × 1, 4 × 4 up to 4 and 2 × 8 beyond
-    /// (Q4_K and Q6_K 640 × 2048), and Q5_1 and Q5_K, whose decoders are the largest, 1 × 1 and
-    /// 1 × 4 (Q5_K 640 × 2048: 4.7 ms at batch 16, 7.7 with 4 × 4). Without subgroups (the
-    /// portable path) x comes from storage, one load per lane, with the tiles of an older sweep.
-    /// GPUs want many invocations per row for coalesced loads: 32 (a warp on NVIDIA, within
-    /// every subgroup size but Intel's and WARP's, hence the min), added by subgroup shuffles
-    /// where available, with tiles of one row and 1 batch row up to 8, 4 beyond (from 2 on for
-    /// products of [`GPU_MANY_ROWS`]); rows shorter than 1024 columns take 8 invocations each
-    /// (more rows a workgroup) with more than one batch row, or many rows. Products with 32+
-    /// batch rows and 64+ blocks of 64 × 64 take the tiled kernel. All from a sweep on an NVIDIA
-    /// H200 (`timing_sweep`: SmolLM2's 1536 × 576 and 576 × 1536 Q4_1 products, a 640 × 2048
-    /// Q4_K and the 49152 × 576 Q8_0 LM head, at batch 1 to 256), where each choice was the
-    /// fastest or within 15% of it (but the Q4_K at 256 batch rows, 23%): at 256 batch rows
-    /// 1536 × 576 took 77 µs tiled against 113 untiled, but 576 × 1536 (36 blocks) 191 against
-    /// 112; the LM head at 64 batch rows 239 µs tiled against 788.
-    fn choose(ctx: &GpuContext, quant: QuantType, rows: usize, cols: usize, batch: usize) -> Self {
-        let info = ctx.adapter_info();
-        if info.device_type == wgpu::DeviceType::Cpu {
-            let x_broadcast = ctx.features().subgroups && info.subgroup_min_size >= 8;
-            let (row_tile, batch_tile) = match (DecoderSize::of(quant), batch, x_broadcast) {
-                (DecoderSize::Small, 1, true) => (8, 1),
-                (DecoderSize::Small, _, true) => (4, 4),
-                (DecoderSize::Small, 1, false) => (2, 1),
-                (DecoderSize::Small, 2..=4, false) => (4, 4),
-                (DecoderSize::Small, 5..=8, false) => (2, 8),
-                (DecoderSize::Small, _, false) => (8, 16),
-                (DecoderSize::Medium, 1, _) => (2, 1),
-                (DecoderSize::Medium, 2..=4, true) => (4, 4),
-                (DecoderSize::Medium, 2..=4, false) => (2, 4),
-                (DecoderSize::Medium, _, _) => (2, 8),
-                (DecoderSize::Large, 1, _) => (1, 1),
-                (DecoderSize::Large, _, true) => (1, 4),
-                (DecoderSize::Large, 2..=4, false) => (1, 4),
-                (DecoderSize::Large, _, false) => (4, 16),
-            };
-            Variant {
-                wg_size: cpu_wg_size(info.subgroup_max_size),
-                threads_per_row: 1,
-                row_tile,
-                batch_tile,
-                reduce: Reduce::None,
-                x_broadcast,
-                x_window_rows: if x_broadcast {
-                    uniform_window_rows(ctx, cols, UNIFORM_WINDOW_BYTES, batch_tile)
-                } else {
-                    None
-                },
-                tiled: false,
-            }
-        } else if batch >= TILED_MIN_BATCH
-            && rows.div_ceil(TILED_ROWS as usize) * batch.div_ceil(TILED.batch_tile as usize)
-                >= TILED_MIN_BLOCKS
-        {
-            TILED
-        } else if ctx.features().subgroups {
-            let widest = info.subgroup_min_size.clamp(1, 32).next_power_of_two();
-            let many_rows = rows >= GPU_MANY_ROWS;
-            let threads_per_row =
-                if cols < 1024 && (batch > 1 || many_rows) { widest.min(8) } else { widest };
-            let batch_tile = if batch > 1 && (batch > 8 || many_rows) { 4 } else { 1 };
-            Variant {
-                wg_size: 128,
-                threads_per_row,
-                row_tile: 1,
-                batch_tile,
-                reduce: Reduce::Subgroup,
-                x_broadcast: false,
-                x_window_rows: None,
-                tiled: false,
-            }
-        } else {
-            let batch_tile = match batch {
-                1 => 1,
-                2..=4 => 4,
-                _ => 8,
-            };
-            Variant {
-                wg_size: 128,
-                threads_per_row: 32,
-                row_tile: 1,
-                batch_tile,
-                reduce: Reduce::Shared,
-                x_broadcast: false,
-                x_window_rows: None,
-                tiled: false,
-            }
-        }
-    }
-
     /// The batch rows of x that one dispatch reads: a window's, or all of them.
     fn batch_per_dispatch(self, batch: usize) -> usize {
         self.x_window_rows.map_or(batch, |rows| rows as usize)
@@ -296,7 +137,12 @@ impl Variant {
 /// invocations of that tile compute rows that are thrown away (16 rows of SmolLM2's 576 × 1536
 /// down projection in windows of 10 ran 5 tiles of 4, in windows of 8 run 4). None when not
 /// even one step fits (x is then read from its storage buffer).
-fn uniform_window_rows(ctx: &GpuContext, cols: usize, max_bytes: u64, batch_tile: u32) -> Option<u32> {
+pub(crate) fn uniform_window_rows(
+    ctx: &GpuContext,
+    cols: usize,
+    max_bytes: u64,
+    batch_tile: u32,
+) -> Option<u32> {
     let limits = ctx.limits();
     let bytes = max_bytes.min(UNIFORM_WINDOW_BYTES).min(limits.max_uniform_buffer_binding_size);
     let row_bytes = (cols * 4) as u64;
@@ -528,15 +374,10 @@ pub fn matmul_split_residual(
 }
 
 /// Whether a product of `batch` rows should take a [`ResidualInput`] rather than a joint
-/// pass before it ([`crate::kernels::norm::rms_norm_residual`]) on this device. Inside the
-/// product every workgroup computes the joint of the activations it loads again, where the pass
-/// computes it once: on GPUs that is cached loads against a dispatch saved, but on CPU devices
-/// it costs arithmetic that only pays at one row (lavapipe, gemma3's 4096 x 640 Q5_0 gate/up,
-/// `timing_inputs`: at batch 1 a normalised input 0.68-0.93 ms and a residual one 0.81-1.16,
-/// about what the pass and its dispatch cost, and gemma3's decode as fast either way; at 16
-/// rows 2.77 against 4.12 with the residual's best tile, at 64 13.2 against 18.9).
+/// pass before it ([`crate::kernels::norm::rms_norm_residual`]) on this device, as
+/// `tuning::fuses_residual_input` decides.
 pub fn fuses_residual_input(ctx: &GpuContext, batch: usize) -> bool {
-    ctx.adapter_info().device_type != wgpu::DeviceType::Cpu || batch == 1
+    tuning::fuses_residual_input(ctx.device_class(), batch)
 }
 
 /// Checks the arguments and records the product through `variant`, or the device's choice.
@@ -549,8 +390,8 @@ fn run(
     variant: Option<Variant>,
 ) -> Result<()> {
     let batch = batch_rows(weight, input, outputs)?;
-    let variant =
-        variant.unwrap_or_else(|| Variant::choose(ctx, weight.quant(), weight.rows(), weight.cols(), batch));
+    let variant = variant
+        .unwrap_or_else(|| tuning::matmul_variant(ctx, weight.quant(), weight.rows(), weight.cols(), batch));
     record(ctx, encoder, weight, input, outputs, batch, variant)
 }
 
@@ -686,7 +527,7 @@ fn record(
                     first_batch: first_batch as u32,
                     write_sum: u32::from(chunk_index == 0),
                 },
-            );
+            )?;
             let mut bindings = vec![
                 chunk.binding(),
                 x_binding(input.x(), x_offset, window_bytes),
@@ -716,7 +557,7 @@ fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::GpuContext;
+    use crate::gpu::{DeviceClass, GpuContext};
     use crate::kernels::norm::tests::reference as norm_reference;
     use crate::kernels::testing::{POISON, Rng, both_paths, gpu, validate_wgsl};
     use crate::quant::{dequantize_row, random_rows};
@@ -878,9 +719,7 @@ mod tests {
         });
         let windowed: Vec<Variant> = windowed.collect();
         assert!(
-            !ctx.features().subgroups
-                || ctx.adapter_info().device_type != wgpu::DeviceType::Cpu
-                || !windowed.is_empty(),
+            !ctx.features().subgroups || ctx.device_class() != DeviceClass::Cpu || !windowed.is_empty(),
             "no windowed variant at {cols} columns"
         );
         variants.into_iter().chain(windowed).collect()
@@ -963,7 +802,7 @@ mod tests {
     /// Uniform windows are the most rows that fit the device's binding with every window's
     /// offset aligned, in whole batch tiles wherever one fits (found here by trying every row
     /// count): on SmolLM2's and gemma3's row widths, narrow ones, one whose window holds a single
-    /// row and one too wide for any. CPU workgroups are one SIMD group, a power of two from 8 to 64.
+    /// row and one too wide for any.
     #[test]
     fn uniform_windows_hold_whole_tiles() {
         let ctx = gpu();
@@ -981,8 +820,6 @@ mod tests {
                 assert_eq!(rows, expected, "{cols} columns, batch tile {batch_tile}");
             }
         }
-        assert_eq!(cpu_wg_size(0), CPU_WG_SIZE);
-        assert_eq!([4, 8, 16, 12, 128].map(cpu_wg_size), [8, 8, 16, 16, 64]);
     }
 
     /// Products of RMS-normalised activations, against the norm then the product in f64: both
@@ -1436,7 +1273,7 @@ mod tests {
                 let x =
                     Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap();
                 let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
-                let variant = Variant::choose(ctx, quant, rows, cols, batch);
+                let variant = tuning::matmul_variant(ctx, quant, rows, cols, batch);
                 let run = |reps: usize| {
                     let mut encoder = ctx.encoder("timing");
                     for _ in 0..reps {
@@ -1503,7 +1340,7 @@ mod tests {
             ];
             // The device's own tile, then others, for each input: the best tile of one input
             // need not be another's.
-            let chosen = Variant::choose(ctx, quant, rows, cols, batch);
+            let chosen = tuning::matmul_variant(ctx, quant, rows, cols, batch);
             let tiles = [(chosen.row_tile, chosen.batch_tile), (2, 2), (2, 4), (4, 2), (4, 4), (1, 8)];
             let mut cases: Vec<(&str, Input, Variant, f64)> = Vec::new();
             for (row_tile, batch_tile) in tiles.into_iter().filter(|&(_, t)| t as usize <= batch) {
@@ -1537,7 +1374,7 @@ mod tests {
 
     /// Times, with GPU timestamps, the matmul variants a GPU could take on SmolLM2's and gemma3's
     /// product shapes at batch sizes from decode to prefill, and prints a table (the medians of
-    /// 9 dispatches): what `Variant::choose` for GPUs is set from. Needs timestamp queries. Run
+    /// 9 dispatches): what `tuning::matmul_variant` for GPUs is set from. Needs timestamp queries. Run
     /// on the GPU with `cargo test --release -p flint-core --lib
     /// kernels::matmul::tests::timing_sweep -- --ignored --nocapture`.
     #[test]
@@ -1582,7 +1419,7 @@ mod tests {
                         }
                     }
                 }
-                let chosen = Variant::choose(ctx, quant, rows, cols, batch);
+                let chosen = tuning::matmul_variant(ctx, quant, rows, cols, batch);
                 let mut times: Vec<(f64, Variant)> = Vec::new();
                 for variant in variants {
                     let record_times = |times: usize| -> Result<()> {

@@ -27,26 +27,11 @@
 use crate::Result;
 use crate::gpu::{Encoder, GpuContext, KernelSource, Tensor};
 use crate::kernels::ensure;
+use crate::tuning::reduction_rows_per_workgroup;
 
 const SOURCE: &str = include_str!("../../shaders/norm.wgsl");
 /// Invocations per workgroup of the row reductions (RMSNorm here, softmax in `elementwise`).
 pub(crate) const REDUCTION_WG_SIZE: u32 = 64;
-
-/// How many rows one workgroup of a row reduction handles, each row by its own team of lanes
-/// (see `shaders/norm.wgsl`).
-pub(crate) fn reduction_rows_per_workgroup(ctx: &GpuContext) -> u32 {
-    if ctx.features().subgroups {
-        // A team is a subgroup: as many rows as the narrowest subgroups make teams.
-        REDUCTION_WG_SIZE / ctx.adapter_info().subgroup_min_size.clamp(1, REDUCTION_WG_SIZE)
-    } else if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
-        // A CPU driver runs a workgroup on one core, its invocations in SIMD chunks of about 8:
-        // a row is as fast on 8 lanes as on 64, and 8 rows then share each (costly) barrier.
-        REDUCTION_WG_SIZE / 8
-    } else {
-        // A GPU: all 64 lanes on one row, so that even a single row is read in parallel.
-        1
-    }
-}
 
 /// How RMSNorm applies its learned weight `w` to the normalised row `x̂ = x / rms(x)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,7 +180,7 @@ fn record(
         return Ok(());
     }
     let dim = norm.weight.len() as u32;
-    let params = encoder.params(ctx, &Params { rows: rows as u32, dim, eps: norm.eps, next_eps: 0.0 });
+    let params = encoder.params(ctx, &Params { rows: rows as u32, dim, eps: norm.eps, next_eps: 0.0 })?;
     let mut bindings = vec![params.binding(), norm.weight.binding(), x.binding()];
     bindings.extend(out.map(Tensor::binding));
     let source = source(ctx, norm.convention, Form::Norm { in_place: out.is_none() }, rows_per_workgroup);
@@ -244,7 +229,7 @@ fn record_residual(
         return Ok(());
     }
     let dim = post.weight.len() as u32;
-    let params = encoder.params(ctx, &Params { rows: rows as u32, dim, eps: post.eps, next_eps });
+    let params = encoder.params(ctx, &Params { rows: rows as u32, dim, eps: post.eps, next_eps })?;
     let mut bindings = vec![params.binding(), post.weight.binding(), sublayer.binding(), x.binding()];
     if let Some((norm, out)) = next {
         bindings.extend([norm.weight.binding(), out.binding()]);

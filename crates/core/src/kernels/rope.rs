@@ -206,7 +206,7 @@ pub fn rope(
         format!("{pairs} rotated pairs are too many for one dispatch")
     })?;
     let pairs = pairs as u32;
-    let params = encoder.params(ctx, &Params { pairs, heads: heads as u32, _pad: [0; 2] });
+    let params = encoder.params(ctx, &Params { pairs, heads: heads as u32, _pad: [0; 2] })?;
     ctx.dispatch(
         encoder,
         &rope.source(),

@@ -103,7 +103,7 @@ pub fn top_candidates(
         .define("WG_SIZE", format!("{WG_SIZE}u"))
         .define("LIST", format!("{list}u"))
         .define("OUT_COUNT", format!("{count}u"));
-    let params = encoder.params(ctx, &Params { rows: rows as u32, n: vocab as u32, _pad: [0; 2] });
+    let params = encoder.params(ctx, &Params { rows: rows as u32, n: vocab as u32, _pad: [0; 2] })?;
     ctx.dispatch(
         encoder,
         &source,
