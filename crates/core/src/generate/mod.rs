@@ -1,124 +1,18 @@
-//! One sequence at a time: generating a continuation of a prompt, and scoring a text
-//! (perplexity). The batched, streaming engine builds on the same model calls.
+//! One sequence at a time, for tools and tests: a prompt's prefill, batched decode steps over
+//! given tokens, and scoring a text (perplexity). The batched, streaming engine makes the same
+//! model calls.
 
 use serde::Serialize;
 
 use crate::gpu::Tensor;
 use crate::kv::{KvBlockTable, KvCache};
 use crate::model::{LogitRows, Model, SequenceChunk};
-use crate::sample::{Sampler, SamplingParams, log_softmax};
-use crate::tokenizer::{Detokenizer, Tokenizer};
+use crate::sample::log_softmax;
 use crate::{Error, Result};
 
 /// Tokens of a prompt processed in one forward pass: bounds the activations' memory and keeps
 /// each submission short.
 pub const PREFILL_CHUNK_TOKENS: usize = 256;
-
-/// Why generation ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum FinishReason {
-    /// The model produced an end-of-generation token (`matched`).
-    Stop {
-        /// The token that ended it.
-        matched: u32,
-    },
-    /// `max_new_tokens` were generated.
-    Length,
-}
-
-/// The result of [`generate`].
-#[derive(Clone, Debug, Serialize)]
-pub struct Generation {
-    /// The generated text (without the end-of-generation token's text).
-    pub text: String,
-    /// The generated token ids, the end-of-generation token included when there was one.
-    pub output_ids: Vec<u32>,
-    /// Tokens in the prompt.
-    pub prompt_tokens: usize,
-    /// Tokens generated.
-    pub completion_tokens: usize,
-    /// Why it ended.
-    pub finish_reason: FinishReason,
-}
-
-/// Generates a continuation of `prompt_ids`, calling `on_text(new_text, new_ids)` after every
-/// token (the text is empty while a character is incomplete). `fallback_seed` seeds the sampler
-/// when the parameters have no seed. A prompt that is empty, has an id outside the vocabulary,
-/// or leaves no room for `max_new_tokens` in the model's context is an error before any work,
-/// and so is a structured-output constraint (only [`crate::engine::Engine`] applies them).
-pub async fn generate(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    prompt_ids: &[u32],
-    params: SamplingParams,
-    fallback_seed: u64,
-    on_text: &mut dyn FnMut(&str, &[u32]),
-) -> Result<Generation> {
-    check_prompt(model, prompt_ids)?;
-    if let Some(constraint) = params.output_constraint()? {
-        return Err(Error::InvalidParameter {
-            field: constraint.field(),
-            reason: "this one-sequence generate() does not constrain its output; use the engine".into(),
-        });
-    }
-    let vocab_size = model.config().vocab_size;
-    let mut sampler =
-        Sampler::new(params, fallback_seed, vocab_size, prompt_ids, tokenizer.end_of_generation())?;
-    let max_new_tokens = sampler.params().max_new_tokens;
-    let context = model.config().context_length;
-    if prompt_ids.len() + max_new_tokens > context {
-        return Err(Error::InvalidParameter {
-            field: "max_new_tokens",
-            reason: format!(
-                "the prompt has {} tokens and {max_new_tokens} new tokens were asked for, more than the \
-                 model's context of {context} tokens; ask for at most {} new tokens or shorten the prompt",
-                prompt_ids.len(),
-                context.saturating_sub(prompt_ids.len())
-            ),
-        });
-    }
-    let mut cache = model.new_kv_cache(Some(prompt_ids.len() + max_new_tokens.max(1)))?;
-    let mut table = cache.new_sequence();
-    cache.append(&mut table, prompt_ids.len())?;
-    let mut logits = Some(prefill(model, &cache, &table, prompt_ids)?);
-
-    let mut detokenizer = Detokenizer::after_prompt(sampler.params().skip_special_tokens);
-    let mut generation = Generation {
-        text: String::new(),
-        output_ids: Vec::new(),
-        prompt_tokens: prompt_ids.len(),
-        completion_tokens: 0,
-        finish_reason: FinishReason::Length,
-    };
-    while generation.output_ids.len() < max_new_tokens {
-        let row = match logits.take() {
-            Some(tensor) => tensor.to_f32(model.gpu()).await?,
-            None => break,
-        };
-        let token = sampler.sample(&row)?;
-        generation.output_ids.push(token);
-        if sampler.is_stop_token(token) {
-            generation.finish_reason = FinishReason::Stop { matched: token };
-            on_text("", &[token]);
-            break;
-        }
-        let piece = detokenizer.push(tokenizer, token)?;
-        generation.text.push_str(&piece);
-        on_text(&piece, &[token]);
-        if generation.output_ids.len() < max_new_tokens {
-            logits = Some(decode_step(model, &mut cache, std::slice::from_mut(&mut table), &[token])?);
-        }
-    }
-    let rest = detokenizer.finish();
-    if !rest.is_empty() {
-        generation.text.push_str(&rest);
-        on_text(&rest, &[]);
-    }
-    generation.completion_tokens = generation.output_ids.len();
-    cache.release(table);
-    Ok(generation)
-}
 
 /// Runs `prompt` (at least one token, its positions already reserved in `table` from 0) through
 /// the model in passes of [`PREFILL_CHUNK_TOKENS`]; returns the logits `[1, vocab]` of its last

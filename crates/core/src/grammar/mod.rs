@@ -12,7 +12,6 @@
 //! llguidance builds for wasm32 too (without its `referencing` feature, whose hashing needs
 //! OS randomness), so structured output is there in the browser as well.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
@@ -20,7 +19,7 @@ use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTr
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
-use crate::sample::{AllowedTokens, SamplingParams};
+use crate::sample::{AllowedTokens, OutputConstraint, SamplingParams};
 use crate::tokenizer::{TokenId, TokenKind, Tokenizer};
 use crate::{Error, Result};
 
@@ -28,29 +27,6 @@ use crate::{Error, Result};
 /// llguidance's `x-guidance` key): one space after `,` and `:` and no other whitespace, so a
 /// small model cannot spend its tokens on runs of blank lines and leave the JSON unfinished.
 const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
-
-/// The constraint a request puts on its output: at most one of `json_schema`, `regex` and
-/// `grammar` of [`SamplingParams`].
-#[derive(Clone, Debug, PartialEq)]
-pub enum OutputConstraint<'a> {
-    /// A JSON Schema document (an object or a boolean).
-    JsonSchema(Cow<'a, Value>),
-    /// A regular expression the whole output matches (Rust `regex` syntax, no look-around).
-    Regex(&'a str),
-    /// A grammar in llguidance's Lark syntax; its `start` rule is the output.
-    Grammar(&'a str),
-}
-
-impl OutputConstraint<'_> {
-    /// The sampling parameter it comes from.
-    pub fn field(&self) -> &'static str {
-        match self {
-            OutputConstraint::JsonSchema(_) => "json_schema",
-            OutputConstraint::Regex(_) => "regex",
-            OutputConstraint::Grammar(_) => "grammar",
-        }
-    }
-}
 
 /// Compiles constraints for one model's tokenizer.
 pub struct GrammarCompiler {

@@ -1,21 +1,23 @@
 //! Choosing the next token from a row of logits: logit bias and repetition, frequency and
 //! presence penalties first, then greedy, or temperature with top-k, top-p and min-p filtering,
 //! from a seeded random source so a request with a seed is reproducible whatever batch it is in.
-//! A structured-output constraint (see [`crate::grammar`]) removes the tokens its grammar does
+//! A structured-output constraint (compiled by [`crate::grammar`]) removes the tokens its grammar does
 //! not allow before any of that.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::grammar::OutputConstraint;
 use crate::kernels::sample::MAX_CANDIDATES;
 use crate::{Error, Result};
 
-/// How to choose tokens: the request contract's sampling parameters, with the design brief's
-/// defaults and valid ranges.
+mod constraint;
+
+pub use constraint::{AllowedTokens, OutputConstraint};
+
+/// How to choose tokens: the request contract's sampling parameters, with the defaults and
+/// valid ranges ARCHITECTURE.md gives.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingParams {
@@ -164,50 +166,6 @@ impl SamplingParams {
         Ok(())
     }
 
-    /// The structured-output constraint, if any: an error when more than one of `json_schema`,
-    /// `regex` and `grammar` is given, or when `json_schema` is not a schema document (whether
-    /// the constraint compiles is checked by [`crate::grammar::GrammarCompiler::compile`]).
-    pub fn output_constraint(&self) -> Result<Option<OutputConstraint<'_>>> {
-        let given: Vec<&'static str> = [
-            ("json_schema", self.json_schema.is_some()),
-            ("regex", self.regex.is_some()),
-            ("grammar", self.grammar.is_some()),
-        ]
-        .iter()
-        .filter(|(_, given)| *given)
-        .map(|(field, _)| *field)
-        .collect();
-        if let [first, second, ..] = given[..] {
-            return Err(Error::InvalidParameter {
-                field: first,
-                reason: format!("{first} and {second} are both given; a request takes at most one of them"),
-            });
-        }
-        if let Some(schema) = &self.json_schema {
-            let schema = match schema {
-                serde_json::Value::String(text) => {
-                    Cow::Owned(serde_json::from_str(text).map_err(|e| Error::InvalidParameter {
-                        field: "json_schema",
-                        reason: format!("the text is not JSON: {e}"),
-                    })?)
-                }
-                value => Cow::Borrowed(value),
-            };
-            if !(schema.is_object() || schema.is_boolean()) {
-                return Err(Error::InvalidParameter {
-                    field: "json_schema",
-                    reason: "a JSON Schema is an object or a boolean".into(),
-                });
-            }
-            return Ok(Some(OutputConstraint::JsonSchema(schema)));
-        }
-        Ok(self
-            .regex
-            .as_deref()
-            .map(OutputConstraint::Regex)
-            .or(self.grammar.as_deref().map(OutputConstraint::Grammar)))
-    }
-
     /// True when these parameters choose the most likely token.
     pub fn is_greedy(&self) -> bool {
         self.temperature < GREEDY_BELOW || self.top_k == 1
@@ -219,25 +177,6 @@ impl SamplingParams {
             && self.repetition_penalty == 1.0
             && self.frequency_penalty == 0.0
             && self.presence_penalty == 0.0
-    }
-}
-
-/// The tokens a structured-output constraint allows next: bit `id % 32` of word `id / 32`
-/// (llguidance's layout); ids past the words are not allowed.
-#[derive(Clone, Copy, Debug)]
-pub struct AllowedTokens<'a> {
-    words: &'a [u32],
-}
-
-impl<'a> AllowedTokens<'a> {
-    /// The set whose bits are `words`.
-    pub fn new(words: &'a [u32]) -> Self {
-        AllowedTokens { words }
-    }
-
-    /// Whether `token` is allowed.
-    pub fn allows(&self, token: u32) -> bool {
-        self.words.get(token as usize / 32).is_some_and(|word| word >> (token % 32) & 1 == 1)
     }
 }
 
