@@ -12,16 +12,8 @@ use flint_core::model::ModelConfig;
 use flint_core::tokenizer::Tokenizer;
 use flint_e2e::{MODELS, ReferenceModel};
 
-// The request parser of `flint serve`, compiled from the server's own sources (the binary's
-// modules are in no library); the request's shape is flint-core's `openai`. `openai.rs` finds
-// `api_error` beside it, as in the server. Only the parsing half is used here.
-#[allow(dead_code)]
-#[path = "../../crates/native/src/cli/serve/api_error.rs"]
-mod api_error;
-/// `flint serve`'s request parser and its checks (`crates/native/src/cli/serve/openai.rs`).
-#[allow(dead_code)]
-#[path = "../../crates/native/src/cli/serve/openai.rs"]
-pub mod openai;
+/// `flint serve`'s request parser and its checks.
+pub use flint_native::server::openai;
 
 /// A reference model's vocabulary and chat template.
 pub struct Vocabulary {
@@ -56,7 +48,7 @@ fn load(model: ReferenceModel) -> Vocabulary {
 impl openai::ServedModel for Vocabulary {
     fn encode_chat(&self, messages: &[ChatMessage]) -> flint_native::Result<Vec<u32>> {
         let template = self.template.as_ref().ok_or_else(|| {
-            flint_native::Error::ChatTemplate(format!("{} has no chat template", self.model.file_name))
+            flint_core::Error::ChatTemplate(format!("{} has no chat template", self.model.file_name))
         })?;
         Ok(template.encode(&self.tokenizer, messages)?)
     }

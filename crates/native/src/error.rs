@@ -39,9 +39,6 @@ pub enum Error {
         /// Prompts in the request times samples per prompt.
         outputs: usize,
     },
-    /// The model's file has no chat template, or its template does not compile.
-    #[error("{0}")]
-    ChatTemplate(String),
 }
 
 /// Result with flint-native's [`Error`].

@@ -18,11 +18,12 @@
 //! # }
 //! ```
 //!
-//! The request and output types are the engine's (see "The request contract" in the design);
+//! The request and output types are the engine's (see "The request contract" in ARCHITECTURE.md);
 //! they are re-exported here, so a program needs no other flint crate.
 
 mod error;
 mod llm;
+pub mod server;
 
 pub use error::{Error, Result};
 pub use llm::{GenerationIter, LLM, LoadOptions, LoadStage};

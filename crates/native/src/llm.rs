@@ -22,11 +22,12 @@ use std::thread::{JoinHandle, ThreadId};
 
 use async_channel::{Receiver, Sender};
 use flint_core::chat::{ChatMessage, ChatTemplate};
-use flint_core::engine::{Engine, EngineMetrics, EngineOptions, GenerateOutput, GenerateRequest, StepLoop};
+use flint_core::engine::{
+    Engine, EngineMetrics, EngineOptions, GenerateOutput, GenerateRequest, LoadedModel, StepLoop,
+};
 use flint_core::error::panic_message;
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
-use flint_core::model::ModelConfig;
 use flint_core::tokenizer::Tokenizer;
 use futures::executor::LocalPool;
 use futures::future::LocalBoxFuture;
@@ -92,12 +93,9 @@ pub struct LLM {
 
 /// What every handle shares. Its `Drop` shuts the engine thread down.
 struct Inner {
-    /// A handle on the engine, for what callers read without the thread: metrics, tokenizer.
-    engine: Engine,
-    /// The model's chat template, or why there is none.
-    chat_template: std::result::Result<ChatTemplate, String>,
-    /// Tokens one sequence may hold.
-    max_sequence_tokens: usize,
+    /// The engine's handle and what callers read without the thread: metrics, tokenizer, chat
+    /// template, context.
+    model: LoadedModel,
     /// Jobs for the engine thread; closing it stops the thread.
     jobs: Sender<Job>,
     status: Arc<Status>,
@@ -108,13 +106,6 @@ struct Inner {
 /// Work for the engine thread: called there, in arrival order, with the engine; the future it
 /// returns runs there to completion (or until the thread stops).
 type Job = Box<dyn FnOnce(&Engine) -> LocalBoxFuture<'static, ()> + Send>;
-
-/// What the engine thread sends back once loading is over.
-struct Loaded {
-    engine: Engine,
-    chat_template: std::result::Result<ChatTemplate, String>,
-    max_sequence_tokens: usize,
-}
 
 /// Whether the engine thread serves calls, and if not, why not.
 struct Status {
@@ -203,9 +194,7 @@ impl LLM {
         };
         Ok(LLM {
             inner: Arc::new(Inner {
-                engine: loaded.engine,
-                chat_template: loaded.chat_template,
-                max_sequence_tokens: loaded.max_sequence_tokens,
+                model: loaded,
                 jobs,
                 status,
                 thread: Mutex::new(Some(thread)),
@@ -322,13 +311,13 @@ impl LLM {
     /// executor, while the step loop stays on the engine thread. Fails once the engine stopped.
     pub fn engine(&self) -> Result<Engine> {
         self.inner.status.check()?;
-        Ok(self.inner.engine.clone())
+        Ok(self.inner.model.engine().clone())
     }
 
     /// What the engine is doing, as of its last step.
     pub fn metrics(&self) -> Result<EngineMetrics> {
         self.inner.status.check()?;
-        Ok(self.inner.engine.metrics())
+        Ok(self.inner.model.engine().metrics())
     }
 
     /// Ok while the engine serves calls; else the error calls get: shut down, panicked, or
@@ -336,30 +325,30 @@ impl LLM {
     /// loaded again with [`LLM::load`]).
     pub fn health(&self) -> Result<()> {
         self.inner.status.check()?;
-        Ok(self.inner.engine.health()?)
+        Ok(self.inner.model.engine().health()?)
     }
 
     /// The model's tokenizer (it works after shutdown too).
     pub fn tokenizer(&self) -> &Tokenizer {
-        self.inner.engine.tokenizer()
+        self.inner.model.engine().tokenizer()
     }
 
     /// The most tokens one sequence may hold, prompt and generated tokens together: the model's
     /// context, or the KV cache's capacity when that is smaller.
     pub fn max_sequence_tokens(&self) -> usize {
-        self.inner.max_sequence_tokens
+        self.inner.model.max_sequence_tokens()
     }
 
     /// The model's chat template, or an error saying why it has none.
     pub fn chat_template(&self) -> Result<&ChatTemplate> {
-        self.inner.chat_template.as_ref().map_err(|why| Error::ChatTemplate(why.clone()))
+        Ok(self.inner.model.chat_template()?)
     }
 
     /// A conversation as prompt tokens: rendered through the model's chat template with the
     /// assistant's turn opened, and tokenized with its special tokens (one BOS, whether the
     /// template writes it or the tokenizer adds it).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        Ok(self.chat_template()?.encode(self.tokenizer(), messages)?)
+        Ok(self.inner.model.encode_chat(messages)?)
     }
 
     /// Stops the engine: calls waiting on it fail with [`Error::ShutDown`], later calls too.
@@ -468,7 +457,7 @@ impl Iterator for GenerationIter {
 fn engine_thread(
     path: PathBuf,
     options: LoadOptions,
-    ready: Sender<Result<Loaded>>,
+    ready: Sender<Result<LoadedModel>>,
     jobs: Receiver<Job>,
     status: Arc<Status>,
 ) {
@@ -481,7 +470,7 @@ fn engine_thread(
             return;
         }
     };
-    let engine = loaded.engine.clone();
+    let engine = loaded.engine().clone();
     if ready.send_blocking(Ok(loaded)).is_err() {
         return;
     }
@@ -507,7 +496,7 @@ fn engine_thread(
 }
 
 /// Opens the file and the GPU, and loads the engine, reporting each stage.
-fn load_engine(path: &Path, options: LoadOptions) -> Result<(Loaded, StepLoop)> {
+fn load_engine(path: &Path, options: LoadOptions) -> Result<(LoadedModel, StepLoop)> {
     let LoadOptions { engine: engine_options, gpu, mut on_progress } = options;
     let mut report = |stage| {
         if let Some(on_progress) = on_progress.as_mut() {
@@ -519,20 +508,8 @@ fn load_engine(path: &Path, options: LoadOptions) -> Result<(Loaded, StepLoop)> 
     report(LoadStage::OpeningGpu);
     let ctx = futures::executor::block_on(GpuContext::new(&gpu))?;
     report(LoadStage::UploadingWeights);
-    let (engine, step_loop) = Engine::load(ctx, &file, engine_options)?;
-    let kv = engine.metrics();
-    let max_sequence_tokens =
-        ModelConfig::from_gguf(&file)?.context_length.min(kv.kv_blocks_total * kv.kv_block_tokens);
-    let chat_template = match ChatTemplate::from_gguf(&file, engine.tokenizer()) {
-        Ok(Some(template)) => Ok(template),
-        Ok(None) => Err(format!(
-            "the model file '{}' has no chat template (tokenizer.chat_template): use a chat model",
-            path.display()
-        )),
-        Err(error) => {
-            Err(format!("the model file '{}' has a chat template flint cannot use: {error}", path.display()))
-        }
-    };
+    let described = format!("the model file '{}'", path.display());
+    let loaded = LoadedModel::load(ctx, &file, engine_options, &described)?;
     report(LoadStage::Ready);
-    Ok((Loaded { engine, chat_template, max_sequence_tokens }, step_loop))
+    Ok(loaded)
 }

@@ -9,11 +9,10 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::rc::Rc;
 
-use flint_core::chat::{ChatMessage, ChatTemplate};
-use flint_core::engine::{EngineOptions, GenerateOutput, GenerationStream};
+use flint_core::chat::ChatMessage;
+use flint_core::engine::{EngineOptions, GenerateOutput, GenerationStream, LoadedModel};
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
-use flint_core::model::ModelConfig;
 use flint_core::openai::{Endpoint, OpenAiRequest, Responder, Usage};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -46,10 +45,9 @@ pub struct Engine {
 }
 
 struct Loaded {
-    engine: flint_core::engine::Engine,
-    chat_template: std::result::Result<ChatTemplate, String>,
-    max_sequence_tokens: usize,
-    model: String,
+    model: LoadedModel,
+    /// Its name in responses.
+    name: String,
     info: Value,
 }
 
@@ -70,7 +68,7 @@ impl Engine {
     /// The engine's metrics as JSON (running and waiting sequences, KV blocks used and free,
     /// tokens generated, tokens per second...).
     pub fn metrics(&self) -> Result<String, JsError> {
-        let metrics = self.loaded()?.engine.metrics();
+        let metrics = self.loaded()?.model.engine().metrics();
         Ok(serde_json::to_string(&metrics).map_err(Error::from)?)
     }
 
@@ -82,7 +80,7 @@ impl Engine {
         let loaded = self.loaded()?;
         let mut request = generate_request(prompt, params, stream)?;
         let rid = request.rid.get_or_insert_with(|| next_id("web")).clone();
-        Ok(OutputStream::new(&loaded.engine, request, rid, Shape::Outputs))
+        Ok(OutputStream::new(loaded.model.engine(), request, rid, Shape::Outputs))
     }
 
     /// Submits an OpenAI chat completion request (`body`, JSON). With `stream: true` each item
@@ -93,13 +91,13 @@ impl Engine {
         let loaded = self.loaded()?;
         let request: OpenAiRequest = from_json(body, "request")?;
         let id = next_id("chatcmpl");
-        let encode = |messages: &[ChatMessage]| loaded.encode_chat(messages);
-        let plan = openai::plan(request, encode, loaded.max_sequence_tokens, id.clone())?;
+        let encode = |messages: &[ChatMessage]| Ok(loaded.model.encode_chat(messages)?);
+        let plan = openai::plan(request, encode, loaded.model.max_sequence_tokens(), id.clone())?;
         let responder = Responder {
             endpoint: Endpoint::Chat,
             id: id.clone(),
             created: (js_sys::Date::now() / 1000.0) as u64,
-            model: plan.model.unwrap_or_else(|| loaded.model.clone()),
+            model: plan.model.unwrap_or_else(|| loaded.name.clone()),
         };
         let n = plan.request.sampling.n;
         let shape = if plan.stream {
@@ -113,7 +111,7 @@ impl Engine {
         } else {
             Shape::ChatResponse { responder, n }
         };
-        Ok(OutputStream::new(&loaded.engine, plan.request, id, shape))
+        Ok(OutputStream::new(loaded.model.engine(), plan.request, id, shape))
     }
 
     /// Lets the model go: later calls fail, and once the requests still streaming end (the JS
@@ -138,46 +136,29 @@ impl Engine {
             // The core has no entropy of its own in the browser.
             seed: options.seed.unwrap_or_else(|| (js_sys::Math::random() * 2f64.powi(53)) as u64),
         };
-        let (engine, step_loop) = flint_core::engine::Engine::load(ctx.clone(), &file, engine_options)?;
+        let (model, step_loop) = LoadedModel::load(ctx.clone(), &file, engine_options, "the model")?;
         wasm_bindgen_futures::spawn_local(step_loop.run());
 
-        let config = ModelConfig::from_gguf(&file)?;
-        let kv = engine.metrics();
-        let max_sequence_tokens = config.context_length.min(kv.kv_blocks_total * kv.kv_block_tokens);
-        let chat_template = match ChatTemplate::from_gguf(&file, engine.tokenizer()) {
-            Ok(Some(template)) => Ok(template),
-            Ok(None) => {
-                Err("the model has no chat template (tokenizer.chat_template): use a chat model".into())
-            }
-            Err(error) => Err(format!("the model's chat template cannot be used: {error}")),
-        };
-        let model = match options.model {
-            Some(model) => model,
+        let name = match options.model {
+            Some(name) => name,
             None => file.metadata().optional::<&str>("general.name")?.unwrap_or("flint").to_string(),
         };
+        let config = model.config();
         let info = json!({
-            "model": model,
+            "model": name,
             "architecture": format!("{:?}", config.architecture),
             "context_length": config.context_length,
-            "max_sequence_tokens": max_sequence_tokens,
+            "max_sequence_tokens": model.max_sequence_tokens(),
             "vocab_size": config.vocab_size,
-            "chat_template": chat_template.is_ok(),
+            "chat_template": model.chat_template().is_ok(),
             "device": ctx.describe(),
         });
-        let loaded = Loaded { engine, chat_template, max_sequence_tokens, model, info };
+        let loaded = Loaded { model, name, info };
         Ok(Engine { loaded: RefCell::new(Some(Rc::new(loaded))) })
     }
 
     fn loaded(&self) -> Result<Rc<Loaded>> {
         self.loaded.borrow().clone().ok_or(Error::Unloaded)
-    }
-}
-
-impl Loaded {
-    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let template =
-            self.chat_template.as_ref().map_err(|why| flint_core::Error::ChatTemplate(why.clone()))?;
-        Ok(template.encode(self.engine.tokenizer(), messages)?)
     }
 }
 

@@ -88,6 +88,11 @@ impl Scheduler {
         Scheduler { limits, stats: SchedulerStats::default(), waiting: VecDeque::new(), running: Vec::new() }
     }
 
+    /// Whether admissions look up the prefix cache (and finished prompts go into it).
+    pub fn prefix_cache(&self) -> bool {
+        self.limits.prefix_cache
+    }
+
     /// True when no sequence waits or runs.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()

@@ -64,10 +64,10 @@ impl ApiError {
     }
 }
 
-impl From<flint_native::Error> for ApiError {
-    fn from(error: flint_native::Error) -> Self {
+impl From<crate::Error> for ApiError {
+    fn from(error: crate::Error) -> Self {
+        use crate::Error as Native;
         use flint_core::Error as Core;
-        use flint_native::Error as Native;
         let message = error.to_string();
         match &error {
             Native::Core(Core::InvalidParameter { field, .. }) => {
@@ -76,9 +76,7 @@ impl From<flint_native::Error> for ApiError {
             Native::Core(Core::TokenOutOfVocabulary { .. }) => ApiError::invalid(message, Some("prompt")),
             // The request's schema allows nothing its other parameters let the model draw.
             Native::Core(Core::Constraint(_)) => ApiError::invalid(message, Some("response_format")),
-            Native::Core(Core::ChatTemplate(_)) | Native::ChatTemplate(_) => {
-                ApiError::invalid(message, Some("messages"))
-            }
+            Native::Core(Core::ChatTemplate(_)) => ApiError::invalid(message, Some("messages")),
             Native::ShutDown
             | Native::EnginePanicked { .. }
             | Native::Core(Core::EngineStopped(_) | Core::Unhealthy(_)) => ApiError {
@@ -101,7 +99,7 @@ impl From<flint_native::Error> for ApiError {
 
 impl From<flint_core::Error> for ApiError {
     fn from(error: flint_core::Error) -> Self {
-        flint_native::Error::from(error).into()
+        crate::Error::from(error).into()
     }
 }
 

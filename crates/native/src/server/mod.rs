@@ -1,17 +1,17 @@
-//! `flint serve`: an OpenAI-compatible HTTP server (axum on tokio) in front of one engine.
+//! flint's OpenAI-compatible HTTP server (axum) in front of one [`LLM`]: `flint serve` runs it
+//! on tokio, and the fuzz targets reach its request parser ([`openai`]) through this library.
 //!
 //! Every request becomes an engine request; the engine batches all of them together. Request
-//! futures and response streams run on tokio and hold the engine's stream of outputs: when a
-//! client goes away, hyper drops them, which aborts the request at the engine's next step.
-//! The step loop itself runs on the `LLM`'s thread.
+//! futures and response streams run on the host's tokio runtime and hold the engine's stream of
+//! outputs: when a client goes away, hyper drops them, which aborts the request at the engine's
+//! next step. The step loop itself runs on the `LLM`'s thread.
 
 mod api_error;
-mod openai;
+pub mod openai;
 mod prometheus;
 
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,37 +25,19 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use clap::Args;
 use flint_core::engine::GenerationStream;
-use flint_native::{GenerateOutput, LLM};
+use flint_core::openai::{Endpoint, Responder, Usage};
 use futures::StreamExt;
 use serde_json::json;
 
-use super::generate::engine_options;
-use super::model::ModelArg;
-use api_error::ApiError;
-use flint_core::openai::{Endpoint, Responder, Usage};
+use crate::{GenerateOutput, LLM};
+pub use api_error::ApiError;
 use openai::{Plan, parse_request};
 
-#[derive(Args)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    model: ModelArg,
-    /// The address to listen on.
-    #[arg(long, default_value = "127.0.0.1", value_name = "HOST")]
-    host: String,
-    /// The port to listen on; 0 picks a free one (the address is printed on stderr).
-    #[arg(long, default_value_t = 8080, value_name = "PORT")]
-    port: u16,
-    /// Request bodies larger than this are refused with 413.
-    #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
-    max_body_bytes: usize,
-}
-
-/// What every handler shares.
-struct Server {
+/// One served model, and what every handler shares.
+pub struct Server {
     llm: LLM,
-    /// The model's name in requests and in `/v1/models`: the file name without `.gguf`.
+    /// The model's name in requests and in `/v1/models`.
     model_id: String,
     /// When the server started, in Unix seconds (`created` of the model).
     started: u64,
@@ -64,70 +46,41 @@ struct Server {
     max_body_bytes: usize,
 }
 
-pub fn serve(args: &ServeArgs, quiet: bool) -> anyhow::Result<()> {
-    let path = args.model.path()?;
-    let model_id = path
-        .file_name()
-        .map(|name| name.to_string_lossy().trim_end_matches(".gguf").to_string())
-        .unwrap_or_else(|| "model".into());
-    let llm = args.model.load_llm(engine_options(), quiet)?;
-    let server = Arc::new(Server {
-        llm,
-        model_id,
-        started: unix_now(),
-        next_request: AtomicU64::new(0),
-        max_body_bytes: args.max_body_bytes,
-    });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("flint-http")
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot start the server's runtime: {e}"))?;
-    runtime.block_on(run(args, server.clone()))?;
-    server.llm.shutdown();
-    Ok(())
-}
+impl Server {
+    /// A server of `llm` under the name `model_id`, refusing request bodies larger than
+    /// `max_body_bytes` with 413.
+    pub fn new(llm: LLM, model_id: String, max_body_bytes: usize) -> Arc<Self> {
+        Arc::new(Server {
+            llm,
+            model_id,
+            started: unix_now(),
+            next_request: AtomicU64::new(0),
+            max_body_bytes,
+        })
+    }
 
-async fn run(args: &ServeArgs, server: Arc<Server>) -> anyhow::Result<()> {
-    let address = format!("{}:{}", args.host, args.port);
-    let listener = tokio::net::TcpListener::bind(&address)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {address}: {e}"))?;
-    let bound: SocketAddr = listener.local_addr()?;
-    eprintln!("flint serve: model '{}' at http://{bound}/v1", server.model_id);
-    let app = Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
-        .layer(DefaultBodyLimit::max(args.max_body_bytes))
-        .with_state(server);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
-    eprintln!("flint serve: stopped");
-    Ok(())
-}
+    /// The routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health` and
+    /// `/metrics` (Prometheus); anything else is OpenAI's 404.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/completions", post(completions))
+            .route("/v1/models", get(models))
+            .route("/health", get(health))
+            .route("/metrics", get(metrics))
+            .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
+            .layer(DefaultBodyLimit::max(self.max_body_bytes))
+            .with_state(Arc::clone(self))
+    }
 
-/// Ctrl-C, or SIGTERM where there is one.
-async fn shutdown_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
+    /// The served model's name.
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// The model it serves.
+    pub fn llm(&self) -> &LLM {
+        &self.llm
     }
 }
 

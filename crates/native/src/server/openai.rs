@@ -3,9 +3,9 @@
 //! are flint-core's ([`flint_core::openai`]), shared with the web package; what is the server's
 //! own is here: completions' `prompt`, `logprobs`, and the errors as 400 responses.
 
+use crate::{ChatMessage, GenerateOutput, GenerateRequest, LLM, Prompts};
 use flint_core::openai::{Endpoint, OpenAiRequest, PromptInput};
 use flint_core::tokenizer::Tokenizer;
-use flint_native::{ChatMessage, GenerateOutput, GenerateRequest, LLM, Prompts};
 use serde_json::{Value, json};
 
 use super::api_error::ApiError;
@@ -32,14 +32,14 @@ pub fn parse_request(body: &[u8]) -> Result<OpenAiRequest, ApiError> {
 /// What [`plan`] needs of the served model: its chat prompts and its context.
 pub trait ServedModel {
     /// A conversation as prompt tokens, through the model's chat template.
-    fn encode_chat(&self, messages: &[ChatMessage]) -> flint_native::Result<Vec<u32>>;
+    fn encode_chat(&self, messages: &[ChatMessage]) -> crate::Result<Vec<u32>>;
 
     /// The most tokens one sequence may hold, prompt and generated together.
     fn max_sequence_tokens(&self) -> usize;
 }
 
 impl ServedModel for LLM {
-    fn encode_chat(&self, messages: &[ChatMessage]) -> flint_native::Result<Vec<u32>> {
+    fn encode_chat(&self, messages: &[ChatMessage]) -> crate::Result<Vec<u32>> {
         LLM::encode_chat(self, messages)
     }
 

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use flint_native::EngineMetrics;
+use crate::EngineMetrics;
 
 /// The metrics as Prometheus text: one `# HELP`, one `# TYPE` and the samples per metric.
 pub fn exposition(m: &EngineMetrics) -> String {
