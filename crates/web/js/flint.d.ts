@@ -1,5 +1,5 @@
 // Types of flint's JS API (flint.js). Field names of requests and outputs are those of the
-// engine's request contract (DESIGN.md, "The request contract") and of OpenAI's chat API.
+// engine's request contract (ARCHITECTURE.md, "The request contract") and of OpenAI's chat API.
 
 /** Loads the wasm module once (Engine.load does); pass where the .wasm file is if it is not beside pkg/flint_web.js. */
 export function init(moduleOrPath?: string | URL | Request | Response | BufferSource | WebAssembly.Module): Promise<unknown>;

@@ -1,6 +1,6 @@
 // flint in the browser: the JS API over the wasm-bindgen classes of crates/web/src.
 //
-// The Rust side speaks JSON text; this wrapper gives it the API of DESIGN.md ("The web
+// The Rust side speaks JSON text; this wrapper gives it the API of ARCHITECTURE.md ("The web
 // package"): Engine.load from a URL (streamed with fetch, progress reported), an ArrayBuffer,
 // a typed array or a Blob/File; generate, stream (an async iterator), an OpenAI-style
 // chat.completions.create; AbortSignals that end a request with finish_reason "abort" and free

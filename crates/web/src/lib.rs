@@ -4,7 +4,7 @@
 //! through the browser's WebGPU callbacks, and the engine's step loop runs as a task of the
 //! page's (or the worker's) event loop (`wasm_bindgen_futures::spawn_local`). The classes here
 //! speak JSON text; the npm package's wrapper (`js/flint.js`) gives them the JS API of
-//! DESIGN.md: `Engine.load(url | ArrayBuffer | Blob)`, `generate`, `stream`,
+//! ARCHITECTURE.md ("The web package"): `Engine.load(url | ArrayBuffer | Blob)`, `generate`, `stream`,
 //! `chat.completions.create`, `AbortSignal`s.
 
 mod engine;

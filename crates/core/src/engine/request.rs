@@ -1,5 +1,5 @@
 //! The request contract: what a caller asks [`Engine::generate`](super::Engine::generate) for,
-//! and what each item of its stream carries (see "The request contract" in DESIGN.md).
+//! and what each item of its stream carries (see "The request contract" in ARCHITECTURE.md).
 
 use serde::{Deserialize, Serialize};
 
