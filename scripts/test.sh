@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: set-up, formatting, lints, the wasm32 build of the core,
+# The whole test suite, as CI runs it: set-up, formatting, lints (native and wasm32),
 # every test on a real Vulkan device (lavapipe where there is no GPU), the web package's tests in
 # headless Chromium, then a bounded fuzzing run of each parser of untrusted input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh
+# Each step's time is printed when the next one starts, and the whole run's at the end, so the
+# log shows where CI's time goes.
+started=$SECONDS
+step_started=$SECONDS
+step_name="set-up (scripts/setup.sh)"
+step_done() { echo "<== $step_name: $((SECONDS - step_started)) s" >&2; }
+step() {
+  step_done
+  step_name=$*
+  step_started=$SECONDS
+  echo "==> $*" >&2
+}
+trap 'step_done; echo "<== total: $((SECONDS - started)) s" >&2' EXIT
 
-step() { echo "==> $*" >&2; }
+echo "==> $step_name" >&2
+bash scripts/setup.sh
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -15,8 +28,8 @@ cargo fmt --all --check
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-step "flint-core and flint-web for wasm32-unknown-unknown"
-cargo build --quiet -p flint-core -p flint-web --target wasm32-unknown-unknown
+# Clippy type-checks the wasm32 build; the browser tests below build and run its release form.
+step "cargo clippy for wasm32-unknown-unknown (flint-core, flint-web)"
 cargo clippy --quiet -p flint-core -p flint-web --target wasm32-unknown-unknown -- -D warnings
 
 step "cargo test --workspace"
