@@ -26,7 +26,10 @@
 // (and the new token, past the row, is neither seen nor stored).
 // Defines: HEAD_DIM, ROT_PAIRS, NEOX, HEAD_NORMS, WG, GROUP_HEADS (a divisor of
 // n_heads / n_kv_heads).
-// Bounds: HEAD_DIM a multiple of 4, and (but SERIAL) at most 4 * WG.
+// The kernel itself follows this file: attention_decode_gpu.wgsl (keys in tiles through
+// workgroup memory, as described here) or attention_decode_serial.wgsl (CPU devices); each
+// defines HEAD_SLOTS, the size of head_vec4s.
+// Bounds: HEAD_DIM a multiple of 4, and (on GPUs) at most 4 * WG.
 //
 // SPLIT (flash-decoding, for GPUs when the (sequence, kv head, chunk) groups are too few to fill
 // the device): each group's keys are cut into spans of params.key_span, one workgroup per span
@@ -35,15 +38,6 @@
 // the partials buffer of attention_combine.wgsl: accumulators [groups, splits, GROUP_HEADS,
 // HEAD_VEC4S] vec4s, then per (group, split, head) a vec4 (maximum, sum, 0, 0). Only split 0
 // stores the new key and value.
-//
-// SERIAL (for CPU devices such as lavapipe, where invocations are SIMD lanes of one thread, and
-// a private array indexed in a loop too long to unroll lives in memory, indexed per lane): WG
-// lanes per (sequence, kv head, chunk), which must lie in one subgroup. The heads are prepared
-// as above; then each lane keeps only its vec4s of them, lane, lane + WG, ..., and the keys are
-// walked one at a time by all lanes together: each lane loads its vec4s of the key and the
-// value, a subgroupAdd makes the scores, and the online softmax (the same in every lane) has no
-// branch and no barrier. The loop over cached keys has no branch for the new key, which comes
-// after it: on lavapipe one made decode attention half as slow again.
 
 // Per rotated pair its turn (rope_common.wgsl), then with HEAD_NORMS the norms' weights (with
 // their convention applied: w, or 1 + w) and eps. Built once per layer. A uniform, because the
@@ -67,7 +61,7 @@ struct HeadConstants {
 @group(0) @binding(7) var<storage, read> context_lens: array<u32>;
 @group(0) @binding(8) var<storage, read> block_table: array<u32>;
 @group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
-// KV_TEXTURES (SERIAL): see cached_key in attention.wgsl.
+// KV_TEXTURES (serial kernel): see cached_key in attention.wgsl.
 #if KV_TEXTURES
 @group(0) @binding(10) var k_texture: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(11) var v_texture: texture_storage_2d<rgba32uint, read>;
@@ -129,13 +123,6 @@ fn new_vec4_index(seq: u32, kv_head: u32) -> u32 {
     return (seq * params.n_kv_heads + kv_head) * HEAD_VEC4S;
 }
 
-#if SERIAL
-const HEAD_SLOTS: u32 = GROUP_HEADS * HEAD_VEC4S;
-#else
-const KEY_GROUPS: u32 = WG / HEAD_VEC4S;
-// The chunk's queries; after the last tile, reused for the key groups' accumulators.
-const HEAD_SLOTS: u32 = KEY_GROUPS * GROUP_HEADS * HEAD_VEC4S;
-#endif
 // The chunk's scaled queries, [GROUP_HEADS, HEAD_VEC4S].
 var<workgroup> head_vec4s: array<vec4<f32>, HEAD_SLOTS>;
 // The new token's key, normalised and rotated.
@@ -237,248 +224,3 @@ fn prepare_heads(
 fn chunk_first_row(seq: u32, kv_head: u32, group: u32, chunks: u32) -> u32 {
     return seq * params.n_heads + kv_head * (params.n_heads / params.n_kv_heads) + group % chunks * GROUP_HEADS;
 }
-
-#if SERIAL
-// A key's weight for each of the chunk's heads, and the factor by which the head's accumulator
-// and sum are rescaled as its maximum moves to the key's score (1 when it stays).
-struct KeyWeights {
-    p: array<f32, GROUP_HEADS>,
-    rescale: array<f32, GROUP_HEADS>,
-}
-
-// Scores the key whose vec4s of this lane are `k` against each of the chunk's queries (of which
-// the lane holds the same vec4s) and moves each head's online softmax on to it. Every lane
-// gets the same scores, so all agree on the weights.
-fn score_key(
-    query: ptr<function, array<vec4<f32>, GROUP_HEADS * LANE_VEC4S>>,
-    k: ptr<function, array<vec4<f32>, LANE_VEC4S>>,
-    running_max: ptr<function, array<f32, GROUP_HEADS>>,
-    sum: ptr<function, array<f32, GROUP_HEADS>>,
-) -> KeyWeights {
-    var weights: KeyWeights;
-    for (var h = 0u; h < GROUP_HEADS; h++) {
-        var partial = 0.0;
-        for (var j = 0u; j < LANE_VEC4S; j++) {
-            partial += dot((*query)[h * LANE_VEC4S + j], (*k)[j]);
-        }
-        let step = softmax_step((*running_max)[h], (*sum)[h], soft_cap(subgroupAdd(partial)), true);
-        (*running_max)[h] = step.x;
-        (*sum)[h] = step.y;
-        weights.rescale[h] = step.z;
-        weights.p[h] = step.w;
-    }
-    return weights;
-}
-
-@compute @workgroup_size(WG)
-fn attention_decode(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) lane: u32,
-) {
-    let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
-    let group = wg.x + wg.y * groups.x;
-    if group >= params.n_rows * params.n_kv_heads * chunks {
-        return;
-    }
-    let seq = group / (params.n_kv_heads * chunks);
-    let kv_head = group / chunks % params.n_kv_heads;
-    let first_row = chunk_first_row(seq, kv_head, group, chunks);
-    let keys = prepare_heads(lane, seq, kv_head, first_row, 0u, group % chunks == 0u);
-    let position = context_lens[seq] - 1u;
-    let new_row = new_vec4_index(seq, kv_head);
-
-    var query: array<vec4<f32>, GROUP_HEADS * LANE_VEC4S>;
-    var fresh_key: array<vec4<f32>, LANE_VEC4S>;
-    for (var j = 0u; j < LANE_VEC4S; j++) {
-        let inside = lane + j * WG < HEAD_VEC4S;
-        fresh_key[j] = new_key[lane_vec4(lane, j)];
-        for (var h = 0u; h < GROUP_HEADS; h++) {
-            query[h * LANE_VEC4S + j] = select(vec4<f32>(0.0), head_vec4s[h * HEAD_VEC4S + lane_vec4(lane, j)], inside);
-        }
-    }
-    var acc: array<vec4<f32>, GROUP_HEADS * LANE_VEC4S>;
-    var running_max: array<f32, GROUP_HEADS>;
-    var sum: array<f32, GROUP_HEADS>;
-    for (var h = 0u; h < GROUP_HEADS; h++) {
-        running_max[h] = NO_MAX;
-    }
-    // The cached keys, then the new one: the last, unless the context is clamped.
-    for (var key = keys.x; key < min(keys.y, position); key++) {
-        let base = cache_vec4_index(key_slot(seq, key), kv_head);
-        var k: array<vec4<f32>, LANE_VEC4S>;
-        for (var j = 0u; j < LANE_VEC4S; j++) {
-            k[j] = cached_key(base + lane_vec4(lane, j));
-        }
-        let w = score_key(&query, &k, &running_max, &sum);
-        for (var j = 0u; j < LANE_VEC4S; j++) {
-            let v = cached_value(base + lane_vec4(lane, j));
-            for (var h = 0u; h < GROUP_HEADS; h++) {
-                acc[h * LANE_VEC4S + j] = acc[h * LANE_VEC4S + j] * w.rescale[h] + w.p[h] * v;
-            }
-        }
-    }
-    if position < keys.y {
-        let w = score_key(&query, &fresh_key, &running_max, &sum);
-        for (var j = 0u; j < LANE_VEC4S; j++) {
-            let v = v_new[new_row + lane_vec4(lane, j)];
-            for (var h = 0u; h < GROUP_HEADS; h++) {
-                acc[h * LANE_VEC4S + j] = acc[h * LANE_VEC4S + j] * w.rescale[h] + w.p[h] * v;
-            }
-        }
-    }
-    for (var h = 0u; h < GROUP_HEADS; h++) {
-        for (var j = 0u; j < LANE_VEC4S; j++) {
-            let c = lane + j * WG;
-            if c < HEAD_VEC4S {
-                // The key at the running maximum contributes exp(0) = 1: the sum is 0 only with
-                // no keys.
-                out[(first_row + h) * HEAD_VEC4S + c] =
-                    select(vec4<f32>(0.0), acc[h * LANE_VEC4S + j] / sum[h], sum[h] > 0.0);
-            }
-        }
-    }
-}
-#else
-// tile_slots' mark for the new key, which is read from new_key and v_new, not the cache.
-const FRESH_SLOT: u32 = 0xffffffffu;
-
-// [GROUP_HEADS, WG]: the tile's scores, then their probabilities.
-var<workgroup> tile_scores: array<f32, GROUP_HEADS * WG>;
-var<workgroup> tile_probs: array<f32, GROUP_HEADS * WG>;
-var<workgroup> tile_slots: array<u32, WG>;
-// [KEY_GROUPS, GROUP_HEADS]: the key groups' softmax denominators.
-var<workgroup> group_sums: array<f32, KEY_GROUPS * GROUP_HEADS>;
-@compute @workgroup_size(WG)
-fn attention_decode(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) lane: u32,
-) {
-    let chunks = params.n_heads / params.n_kv_heads / GROUP_HEADS;
-    let workgroup = wg.x + wg.y * groups.x;
-#if SPLIT
-    let group = workgroup / params.splits;
-    let split = workgroup % params.splits;
-    let stores_new_key = group % chunks == 0u && split == 0u;
-#else
-    let group = workgroup;
-    let stores_new_key = group % chunks == 0u;
-#endif
-    if group >= params.n_rows * params.n_kv_heads * chunks {
-        return;
-    }
-    let seq = group / (params.n_kv_heads * chunks);
-    let kv_head = group / chunks % params.n_kv_heads;
-    let first_row = chunk_first_row(seq, kv_head, group, chunks);
-#if SPLIT
-    let keys = prepare_heads(lane, seq, kv_head, first_row, split, stores_new_key);
-#else
-    let keys = prepare_heads(lane, seq, kv_head, first_row, 0u, stores_new_key);
-#endif
-    let position = context_lens[seq] - 1u;
-    let new_row = new_vec4_index(seq, kv_head);
-
-    let key_group = lane / HEAD_VEC4S;
-    let c = lane % HEAD_VEC4S;
-    let folds = key_group < KEY_GROUPS;
-    var running_max: array<f32, GROUP_HEADS>;
-    var running_sum: array<f32, GROUP_HEADS>;
-    var acc: array<vec4<f32>, GROUP_HEADS>;
-    for (var h = 0u; h < GROUP_HEADS; h++) {
-        running_max[h] = NO_MAX;
-    }
-    for (var tile = keys.x; tile < keys.y; tile += WG) {
-        let tile_len = min(WG, keys.y - tile);
-        var slot = 0u;
-        var scores: array<f32, GROUP_HEADS>;
-        if lane < tile_len && tile + lane == position {
-            slot = FRESH_SLOT;
-            for (var i = 0u; i < HEAD_VEC4S; i++) {
-                for (var h = 0u; h < GROUP_HEADS; h++) {
-                    scores[h] += dot(head_vec4s[h * HEAD_VEC4S + i], new_key[i]);
-                }
-            }
-        } else if lane < tile_len {
-            slot = key_slot(seq, tile + lane);
-            let base = cache_vec4_index(slot, kv_head);
-            for (var i = 0u; i < HEAD_VEC4S; i++) {
-                let k = k_cache[base + i];
-                for (var h = 0u; h < GROUP_HEADS; h++) {
-                    scores[h] += dot(head_vec4s[h * HEAD_VEC4S + i], k);
-                }
-            }
-        }
-        for (var h = 0u; h < GROUP_HEADS; h++) {
-            tile_scores[h * WG + lane] = soft_cap(scores[h]);
-        }
-        workgroupBarrier();
-
-        // Every invocation takes the same maxima, so all agree on the rescaling.
-        for (var h = 0u; h < GROUP_HEADS; h++) {
-            var tile_max = NO_MAX;
-            for (var i = 0u; i < tile_len; i++) {
-                tile_max = max(tile_max, tile_scores[h * WG + i]);
-            }
-            let new_max = max(running_max[h], tile_max);
-            let p = exp(tile_scores[h * WG + lane] - new_max);
-            tile_probs[h * WG + lane] = select(0.0, p, lane < tile_len);
-            let rescale = exp(running_max[h] - new_max);
-            running_sum[h] *= rescale;
-            acc[h] *= rescale;
-            running_max[h] = new_max;
-        }
-        tile_slots[lane] = slot;
-        workgroupBarrier();
-
-        // The next tile writes tile_scores only before its first barrier, so no third barrier.
-        if folds {
-            for (var i = key_group; i < tile_len; i += KEY_GROUPS) {
-                var v: vec4<f32>;
-                if tile_slots[i] == FRESH_SLOT {
-                    v = v_new[new_row + c];
-                } else {
-                    v = v_cache[cache_vec4_index(tile_slots[i], kv_head) + c];
-                }
-                for (var h = 0u; h < GROUP_HEADS; h++) {
-                    let p = tile_probs[h * WG + i];
-                    running_sum[h] += p;
-                    acc[h] += p * v;
-                }
-            }
-        }
-    }
-
-    // Every invocation is past its last read of the queries: their memory takes the partial sums.
-    if folds {
-        for (var h = 0u; h < GROUP_HEADS; h++) {
-            head_vec4s[(key_group * GROUP_HEADS + h) * HEAD_VEC4S + c] = acc[h];
-            if c == 0u {
-                group_sums[key_group * GROUP_HEADS + h] = running_sum[h];
-            }
-        }
-    }
-    workgroupBarrier();
-    for (var e = lane; e < GROUP_HEADS * HEAD_VEC4S; e += WG) {
-        let h = e / HEAD_VEC4S;
-        var total = vec4<f32>(0.0);
-        var sum = 0.0;
-        for (var g = 0u; g < KEY_GROUPS; g++) {
-            total += head_vec4s[g * GROUP_HEADS * HEAD_VEC4S + e];
-            sum += group_sums[g * GROUP_HEADS + h];
-        }
-#if SPLIT
-        // Every invocation holds the same maxima. The combine rescales and divides.
-        let partial = group * params.splits + split;
-        out[partial * GROUP_HEADS * HEAD_VEC4S + e] = total;
-        if e % HEAD_VEC4S == 0u {
-            let stats = params.n_rows * params.n_kv_heads * chunks * params.splits * GROUP_HEADS * HEAD_VEC4S;
-            out[stats + partial * GROUP_HEADS + h] = vec4<f32>(running_max[h], sum, 0.0, 0.0);
-        }
-#else
-        // The key at the running maximum contributes exp(0) = 1: the sum is 0 only with no keys.
-        out[first_row * HEAD_VEC4S + e] = select(vec4<f32>(0.0), total / sum, sum > 0.0);
-#endif
-    }
-}
-#endif

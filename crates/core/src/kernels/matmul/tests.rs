@@ -1,0 +1,867 @@
+use super::*;
+use crate::gpu::{DeviceClass, GpuContext};
+use crate::kernels::norm::tests::reference as norm_reference;
+use crate::kernels::testing::{POISON, Rng, both_paths, gpu, validate_wgsl};
+use crate::quant::{dequantize_row, random_rows};
+
+/// Every variant a test forces: the devices' own choices come on top. TPR 4 and 8 with
+/// subgroup shuffles and the activation broadcast fit lavapipe's subgroups of 8. Row tiles
+/// of 3 and 8 leave partial tiles on every test shape.
+const FORCED: [Variant; 9] = [
+    TILED,
+    Variant {
+        wg_size: 64,
+        threads_per_row: 1,
+        row_tile: 1,
+        batch_tile: 8,
+        reduce: Reduce::None,
+        x_broadcast: false,
+        x_window_rows: None,
+        tiled: false,
+    },
+    Variant {
+        wg_size: 32,
+        threads_per_row: 4,
+        row_tile: 1,
+        batch_tile: 4,
+        reduce: Reduce::Shared,
+        x_broadcast: false,
+        x_window_rows: None,
+        tiled: false,
+    },
+    Variant {
+        wg_size: 128,
+        threads_per_row: 32,
+        row_tile: 1,
+        batch_tile: 8,
+        reduce: Reduce::Shared,
+        x_broadcast: false,
+        x_window_rows: None,
+        tiled: false,
+    },
+    Variant {
+        wg_size: 64,
+        threads_per_row: 8,
+        row_tile: 1,
+        batch_tile: 4,
+        reduce: Reduce::Subgroup,
+        x_broadcast: false,
+        x_window_rows: None,
+        tiled: false,
+    },
+    Variant {
+        wg_size: 64,
+        threads_per_row: 1,
+        row_tile: 8,
+        batch_tile: 16,
+        reduce: Reduce::None,
+        x_broadcast: false,
+        x_window_rows: None,
+        tiled: false,
+    },
+    Variant {
+        wg_size: 16,
+        threads_per_row: 1,
+        row_tile: 3,
+        batch_tile: 4,
+        reduce: Reduce::None,
+        x_broadcast: true,
+        x_window_rows: None,
+        tiled: false,
+    },
+    Variant {
+        wg_size: 64,
+        threads_per_row: 1,
+        row_tile: 8,
+        batch_tile: 16,
+        reduce: Reduce::None,
+        x_broadcast: true,
+        x_window_rows: None,
+        tiled: false,
+    },
+    Variant {
+        wg_size: 32,
+        threads_per_row: 1,
+        row_tile: 2,
+        batch_tile: 8,
+        reduce: Reduce::None,
+        x_broadcast: true,
+        x_window_rows: None,
+        tiled: false,
+    },
+];
+
+/// Error bound, relative to the sum of magnitudes `Σ_k |W[r, k] x[b, k]|` of each output
+/// (the condition of a dot product: a plain relative error is meaningless for a sum that
+/// cancels to near zero). The GPU decodes with the same f32 operations as `dequantize_row`
+/// up to fused multiply-adds, so what is left is f32 summation of a few thousand terms,
+/// measured below 2e-7 on random data; one wrong weight among n costs about 1 / n, far above.
+const TOLERANCE: f64 = 2e-6;
+
+/// Columns for a type: several blocks, not a power of two.
+fn test_cols(quant: QuantType) -> usize {
+    match quant.block_elements() {
+        1 => 8 * 29,
+        32 => 32 * 5,
+        _ => 256 * 3,
+    }
+}
+
+/// The f64 product of the dequantized weight with each batch row of x, and each output's
+/// sum of magnitudes.
+fn reference(quant: QuantType, rows: usize, cols: usize, bytes: &[u8], x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let row_bytes = quant.row_bytes(cols).unwrap();
+    let mut w = vec![0.0f32; rows * cols];
+    for (r, out) in w.chunks_exact_mut(cols).enumerate() {
+        dequantize_row(quant, &bytes[r * row_bytes..(r + 1) * row_bytes], out).unwrap();
+    }
+    let (mut y, mut magnitude) = (Vec::new(), Vec::new());
+    for xb in x.chunks_exact(cols) {
+        for wr in w.chunks_exact(cols) {
+            let terms = xb.iter().zip(wr).map(|(&a, &w)| f64::from(a) * f64::from(w));
+            y.push(terms.clone().sum());
+            magnitude.push(terms.map(f64::abs).sum());
+        }
+    }
+    (y, magnitude)
+}
+
+/// Asserts every output is within [`TOLERANCE`] of the reference; names the first that is not.
+fn assert_dot_close(what: &str, got: &[f32], expected: &[f64], magnitude: &[f64]) {
+    assert_eq!(got.len(), expected.len(), "{what}: length");
+    let mut worst = 0.0f64;
+    for (i, ((&g, &e), &m)) in got.iter().zip(expected).zip(magnitude).enumerate() {
+        let err = (f64::from(g) - e).abs() / m.max(f64::MIN_POSITIVE);
+        assert!(
+            err <= TOLERANCE,
+            "{what}: output {i} of {}: got {g}, expected {e} (error {err:.3e} of the magnitude {m:.3e} > {TOLERANCE:.0e})",
+            got.len()
+        );
+        worst = worst.max(err);
+    }
+    eprintln!("{what}: worst error {worst:.3e} of the magnitude");
+}
+
+/// The forced variants that this device runs, and a twin of each one that broadcasts x reading
+/// x through windows of about 3 batch rows (so that 17 rows take several dispatches, the last
+/// one partial), where the device's alignment of uniform bindings allows it at `cols`.
+fn forced(ctx: &GpuContext, cols: usize) -> Vec<Variant> {
+    let runs = |v: &Variant| !((v.reduce == Reduce::Subgroup || v.x_broadcast) && !ctx.features().subgroups);
+    let variants: Vec<Variant> = FORCED.into_iter().filter(runs).collect();
+    let windowed = variants.iter().filter(|v| v.x_broadcast).filter_map(|v| {
+        let rows = uniform_window_rows(ctx, cols, 3 * 4 * cols as u64, 1)?;
+        Some(Variant { x_window_rows: Some(rows), ..*v })
+    });
+    let windowed: Vec<Variant> = windowed.collect();
+    assert!(
+        !ctx.features().subgroups || ctx.device_class() != DeviceClass::Cpu || !windowed.is_empty(),
+        "no windowed variant at {cols} columns"
+    );
+    variants.into_iter().chain(windowed).collect()
+}
+
+/// Runs one product through `variant` (or the device's own choice) and checks it; returns
+/// the number of chunks the weight was split into.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    ctx: &GpuContext,
+    quant: QuantType,
+    rows: usize,
+    cols: usize,
+    batch: usize,
+    max_chunk_bytes: u64,
+    variant: Option<Variant>,
+    rng: &mut Rng,
+) -> usize {
+    let bytes = random_rows(quant, rows, cols, rng);
+    let x = rng.f32s(batch * cols, -1.0, 1.0);
+    let weight = QuantMatrix::upload_in_chunks(ctx, "w", quant, rows, cols, &bytes, max_chunk_bytes).unwrap();
+    let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+    let y_gpu = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+    y_gpu.fill_bits(ctx, POISON);
+    let mut encoder = ctx.encoder("test");
+    run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), Outputs::One(&y_gpu), variant).unwrap();
+    ctx.submit(encoder).unwrap();
+    let got = pollster::block_on(y_gpu.to_f32(ctx)).unwrap();
+    let what = format!("{quant} {rows}x{cols} batch {batch}, {} chunks, {variant:?}", weight.chunk_count());
+    let (expected, magnitude) = reference(quant, rows, cols, &bytes, &x);
+    assert_dot_close(&what, &got, &expected, &magnitude);
+    weight.chunk_count()
+}
+
+/// Every type through the devices' own variants and the forced ones, on awkward shapes.
+fn matmul_matches_reference(quant: QuantType) {
+    let mut rng = Rng::new(&format!("matmul {quant}"));
+    let cols = test_cols(quant);
+    for (path, ctx) in both_paths() {
+        eprintln!("{path}");
+        for (rows, batch) in [(1, 1), (7, 3), (67, 17), (259, 1), (259, 5)] {
+            check(ctx, quant, rows, cols, batch, u64::MAX, None, &mut rng);
+        }
+    }
+    let ctx = gpu();
+    for variant in forced(ctx, cols) {
+        // The tiled kernel also over more than one block of 64 x 64.
+        let more = variant.tiled.then_some((130, 70));
+        for (rows, batch) in [(7, 1), (67, 17)].into_iter().chain(more) {
+            check(ctx, quant, rows, cols, batch, u64::MAX, Some(variant), &mut rng);
+        }
+    }
+}
+
+macro_rules! per_type {
+    ($($name:ident: $quant:expr,)*) => {$(
+        #[test]
+        fn $name() {
+            matmul_matches_reference($quant);
+        }
+    )*};
+}
+
+per_type! {
+    matmul_f32: QuantType::F32,
+    matmul_f16: QuantType::F16,
+    matmul_bf16: QuantType::BF16,
+    matmul_q4_0: QuantType::Q4_0,
+    matmul_q4_1: QuantType::Q4_1,
+    matmul_q5_0: QuantType::Q5_0,
+    matmul_q5_1: QuantType::Q5_1,
+    matmul_q8_0: QuantType::Q8_0,
+    matmul_q4_k: QuantType::Q4K,
+    matmul_q5_k: QuantType::Q5K,
+    matmul_q6_k: QuantType::Q6K,
+}
+
+/// Uniform windows are the most rows that fit the device's binding with every window's
+/// offset aligned, in whole batch tiles wherever one fits (found here by trying every row
+/// count): on SmolLM2's and gemma3's row widths, narrow ones, one whose window holds a single
+/// row and one too wide for any.
+#[test]
+fn uniform_windows_hold_whole_tiles() {
+    let ctx = gpu();
+    let limits = ctx.limits();
+    let align = u64::from(limits.min_uniform_buffer_offset_alignment);
+    let bytes = UNIFORM_WINDOW_BYTES.min(limits.max_uniform_buffer_binding_size);
+    for cols in [8, 56, 576, 640, 1536, 2048, 8200, 20000] {
+        let row_bytes = 4 * cols as u64;
+        let aligned: Vec<u64> =
+            (1..=bytes / row_bytes).filter(|k| (k * row_bytes).is_multiple_of(align)).collect();
+        for batch_tile in [1, 3, 4, 8, 16] {
+            let whole_tiles = aligned.iter().filter(|&&k| k.is_multiple_of(u64::from(batch_tile))).max();
+            let expected = whole_tiles.or(aligned.iter().max()).map(|&k| k as u32);
+            let rows = uniform_window_rows(ctx, cols, UNIFORM_WINDOW_BYTES, batch_tile);
+            assert_eq!(rows, expected, "{cols} columns, batch tile {batch_tile}");
+        }
+    }
+}
+
+/// Products of RMS-normalised activations, against the norm then the product in f64: both
+/// conventions, one output and split outputs, the devices' own variants and the forced ones
+/// (whose sums of squares are reduced across invocations like the products).
+#[test]
+fn normed_input_matches_reference() {
+    let mut rng = Rng::new("matmul normed");
+    let eps = 1e-5f32;
+    // F16 rows end in columns past the last block of 32, which every lane loads whole.
+    let mut cases: Vec<(QuantType, &str, &GpuContext, Option<Variant>)> = Vec::new();
+    for quant in [QuantType::Q4_1, QuantType::F16] {
+        cases.extend(both_paths().into_iter().map(|(path, ctx)| (quant, path, ctx, None)));
+        let ctx = gpu();
+        cases.extend(forced(ctx, test_cols(quant)).into_iter().map(|v| (quant, "forced", ctx, Some(v))));
+    }
+    for (quant, path, ctx, variant) in cases {
+        let cols = test_cols(quant);
+        for (convention, (rows, batch)) in [(NormWeight::Scale, (67, 1)), (NormWeight::OnePlus, (7, 17))] {
+            let bytes = random_rows(quant, rows, cols, &mut rng);
+            let weight = QuantMatrix::upload_parts(ctx, "w", quant, cols, &[&bytes], u64::MAX).unwrap();
+            // Rows of x at different scales: the norm must take each row's own.
+            let mut x = rng.f32s(batch * cols, -1.0, 1.0);
+            for (b, row) in x.chunks_exact_mut(cols).enumerate() {
+                row.iter_mut().for_each(|v| *v *= 0.25 + 3.0 * b as f32);
+            }
+            let gamma = rng.f32s(cols, -2.0, 2.0);
+            let normed = norm_reference(&x, &gamma, convention, eps);
+            let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+            let gamma_gpu = Tensor::from_slice(ctx, "gamma", &[cols], &gamma).unwrap();
+            let norm = RmsNorm { weight: &gamma_gpu, convention, eps };
+            let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+            y.fill_bits(ctx, POISON);
+            let mut encoder = ctx.encoder("test");
+            run(ctx, &mut encoder, &weight, Input::Normed(&x_gpu, norm), Outputs::One(&y), variant).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+            let (expected, magnitude) = reference(quant, rows, cols, &bytes, &normed);
+            let what = format!("{path} normed {convention:?} {rows}x{cols} batch {batch} {variant:?}");
+            assert_dot_close(&what, &got, &expected, &magnitude);
+        }
+        // Split outputs of a stacked weight, through the public function.
+        if variant.is_none() {
+            let parts: Vec<Vec<u8>> =
+                [5usize, 9, 3].iter().map(|&r| random_rows(quant, r, cols, &mut rng)).collect();
+            let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            let weight = QuantMatrix::upload_parts(ctx, "w", quant, cols, &slices, u64::MAX).unwrap();
+            let x = rng.f32s(2 * cols, -3.0, 3.0);
+            let gamma = rng.f32s(cols, -1.0, 1.0);
+            let x_gpu = Tensor::from_slice(ctx, "x", &[2, cols], &x).unwrap();
+            let gamma_gpu = Tensor::from_slice(ctx, "gamma", &[cols], &gamma).unwrap();
+            let norm = RmsNorm { weight: &gamma_gpu, convention: NormWeight::Scale, eps };
+            let ys: Vec<Tensor> =
+                [5, 9, 3].iter().map(|&r| Tensor::empty(ctx, "y", &[2, r]).unwrap()).collect();
+            let mut encoder = ctx.encoder("test");
+            matmul_split_normed(ctx, &mut encoder, &weight, &norm, &x_gpu, &ys.iter().collect::<Vec<_>>())
+                .unwrap();
+            ctx.submit(encoder).unwrap();
+            let normed = norm_reference(&x, &gamma, NormWeight::Scale, eps);
+            for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
+                let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                let (expected, magnitude) =
+                    reference(quant, bytes.len() / quant.row_bytes(cols).unwrap(), cols, bytes, &normed);
+                assert_dot_close(&format!("{path} normed split part {p}"), &got, &expected, &magnitude);
+            }
+            // A norm weight of the wrong length is refused.
+            let short = Tensor::from_slice(ctx, "gamma", &[cols - 8], &gamma[..cols - 8]).unwrap();
+            let bad = RmsNorm { weight: &short, convention: NormWeight::Scale, eps };
+            let err =
+                matmul_normed(ctx, &mut ctx.encoder("test"), &weight, &bad, &x_gpu, &ys[0]).unwrap_err();
+            assert!(err.to_string().contains("norm's weight"), "{err}");
+        }
+    }
+}
+
+/// Products of residual inputs (a post-normed sublayer added to the residual, the sum
+/// normalised), against the post-norm, the add, the norm and the product in f64, and the sum
+/// each stores: both conventions, one output and three split outputs of a weight in several
+/// chunks, the devices' own variants and the forced ones.
+#[test]
+fn residual_input_matches_reference() {
+    let mut rng = Rng::new("matmul residual");
+    let eps = 1e-6f32;
+    // F16 rows end in columns past the last block of 32, loaded apart from the blocks.
+    let mut cases: Vec<(QuantType, &str, &GpuContext, Option<Variant>)> = Vec::new();
+    for quant in [QuantType::Q8_0, QuantType::F16] {
+        cases.extend(both_paths().into_iter().map(|(path, ctx)| (quant, path, ctx, None)));
+        let ctx = gpu();
+        cases.extend(forced(ctx, test_cols(quant)).into_iter().map(|v| (quant, "forced", ctx, Some(v))));
+    }
+    for (quant, path, ctx, variant) in cases {
+        let cols = test_cols(quant);
+        let shapes = [(NormWeight::Scale, 67, 1, false), (NormWeight::OnePlus, 7, 17, false)];
+        // Three parts in chunks of about 4 rows (the sum is stored by the first chunk's
+        // dispatch), through the public function.
+        let split = (NormWeight::Scale, 15, 5, true);
+        for (convention, rows, batch, split) in shapes.into_iter().chain(variant.is_none().then_some(split)) {
+            let bytes = random_rows(quant, rows, cols, &mut rng);
+            let chunk = if split { 4 * quant.row_bytes(cols).unwrap() as u64 } else { u64::MAX };
+            let row_bytes = quant.row_bytes(cols).unwrap();
+            let part_rows: Vec<usize> = if split { vec![5, 5, rows - 10] } else { vec![rows] };
+            let parts: Vec<&[u8]> = part_rows
+                .iter()
+                .scan(0, |first, r| {
+                    *first += r;
+                    Some(&bytes[(*first - r) * row_bytes..*first * row_bytes])
+                })
+                .collect();
+            let weight = QuantMatrix::upload_parts(ctx, "w", quant, cols, &parts, chunk).unwrap();
+            // The residual and the sublayer at different scales in every row.
+            let mut residual = rng.f32s(batch * cols, -1.0, 1.0);
+            let mut sublayer = rng.f32s(batch * cols, -1.0, 1.0);
+            for b in 0..batch {
+                residual[b * cols..(b + 1) * cols].iter_mut().for_each(|v| *v *= 0.5 + 2.0 * b as f32);
+                sublayer[b * cols..(b + 1) * cols].iter_mut().for_each(|v| *v *= 3.0 / (1.0 + b as f32));
+            }
+            let (pre, post) = (rng.f32s(cols, -2.0, 2.0), rng.f32s(cols, -2.0, 2.0));
+            let post_normed = norm_reference(&sublayer, &post, convention, eps);
+            let sum: Vec<f32> = residual.iter().zip(&post_normed).map(|(a, b)| a + b).collect();
+            let normed = norm_reference(&sum, &pre, convention, eps);
+
+            let tensor =
+                |name, shape: &[usize], values: &[f32]| Tensor::from_slice(ctx, name, shape, values).unwrap();
+            let residual_gpu = tensor("residual", &[batch, cols], &residual);
+            let sublayer_gpu = tensor("sublayer", &[batch, cols], &sublayer);
+            let norms = tensor("norms", &[2, cols], &[pre.clone(), post.clone()].concat());
+            let sum_gpu = Tensor::empty(ctx, "sum", &[batch, cols]).unwrap();
+            sum_gpu.fill_bits(ctx, POISON);
+            let input = ResidualInput {
+                residual: &residual_gpu,
+                sublayer: &sublayer_gpu,
+                norm_weights: &norms,
+                convention,
+                eps,
+                sum: &sum_gpu,
+            };
+            let ys: Vec<Tensor> =
+                part_rows.iter().map(|&r| Tensor::empty(ctx, "y", &[batch, r]).unwrap()).collect();
+            ys.iter().for_each(|y| y.fill_bits(ctx, POISON));
+            let mut encoder = ctx.encoder("test");
+            if split {
+                matmul_split_residual(ctx, &mut encoder, &weight, &input, &ys.iter().collect::<Vec<_>>())
+                    .unwrap();
+            } else {
+                run(ctx, &mut encoder, &weight, Input::Residual(input), Outputs::One(&ys[0]), variant)
+                    .unwrap();
+            }
+            ctx.submit(encoder).unwrap();
+            let what = format!(
+                "{path} residual {convention:?} {rows}x{cols} batch {batch}, {} chunks, {variant:?}",
+                weight.chunk_count()
+            );
+            let got_sum = pollster::block_on(sum_gpu.to_f32(ctx)).unwrap();
+            crate::kernels::testing::assert_close(&format!("{what}: sum"), &got_sum, &sum, 1e-5);
+            for (i, ((y, r), part)) in ys.iter().zip(&part_rows).zip(&parts).enumerate() {
+                let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                let (expected, magnitude) = reference(quant, *r, cols, part, &normed);
+                assert_dot_close(&format!("{what}: part {i}"), &got, &expected, &magnitude);
+            }
+            // The sum may not overwrite an input; norm weights must be [2, cols].
+            let bad = ResidualInput { sum: &residual_gpu, ..input };
+            let err = matmul_residual(ctx, &mut ctx.encoder("test"), &weight, &bad, &ys[0]);
+            assert!(err.is_err_and(|e| e.to_string().contains("another tensor")));
+            let bad = ResidualInput { norm_weights: &sublayer_gpu, ..input };
+            let err = matmul_residual(ctx, &mut ctx.encoder("test"), &weight, &bad, &ys[0]);
+            assert!(
+                err.is_err_and(
+                    |e| e.to_string().contains("norm weights [2, ") && !e.to_string().contains("  ")
+                )
+            );
+        }
+    }
+}
+
+#[test]
+fn split_weights_cover_every_row() {
+    let mut rng = Rng::new("matmul split");
+    for (path, ctx) in both_paths() {
+        eprintln!("{path}");
+        for quant in [QuantType::Q8_0, QuantType::Q6K, QuantType::Q4K, QuantType::F16] {
+            let cols = test_cols(quant);
+            // About 20 rows a chunk (repacked rows are up to 2 bytes longer): 259 rows make
+            // 13 or 14 chunks, the last one partial.
+            let chunk = 20 * quant.row_bytes(cols).unwrap() as u64 + 3;
+            for batch in [1, 3, 17] {
+                let chunks = check(ctx, quant, 259, cols, batch, chunk, None, &mut rng);
+                assert!(chunks >= 13, "{quant}: {chunks} chunks");
+            }
+        }
+    }
+}
+
+#[test]
+fn long_rows_stay_within_bound() {
+    let mut rng = Rng::new("matmul long rows");
+    for (path, ctx) in both_paths() {
+        eprintln!("{path}");
+        check(ctx, QuantType::Q4K, 33, 256 * 24, 2, u64::MAX, None, &mut rng);
+        check(ctx, QuantType::Q8_0, 33, 32 * 181, 1, u64::MAX, None, &mut rng);
+    }
+}
+
+/// Stacked weights of two and three parts, split into chunks that straddle the parts, each
+/// part's rows in its own output; and products added to what the output held. Through the
+/// device's own variant and the tiled kernel.
+#[test]
+fn split_and_added_outputs_match_reference() {
+    let mut rng = Rng::new("matmul split outputs");
+    let ctx = gpu();
+    // The device's own variant, the tiled kernel that GPUs take at large batches, and the
+    // forced variants' windowed ones (the windows' offsets move the gated input's up
+    // projection and the outputs' batch rows too).
+    for (quant, variant) in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q6K].into_iter().flat_map(|quant| {
+        let windowed = forced(gpu(), test_cols(quant)).into_iter().filter(|v| v.x_window_rows.is_some());
+        [(quant, None), (quant, Some(TILED))].into_iter().chain(windowed.map(move |v| (quant, Some(v))))
+    }) {
+        let cols = test_cols(quant);
+        for part_rows in [&[5usize, 19][..], &[33, 7, 7]] {
+            for (batch, max_chunk_bytes) in [(1, u64::MAX), (17, 9 * quant.row_bytes(cols).unwrap() as u64)] {
+                let parts: Vec<Vec<u8>> =
+                    part_rows.iter().map(|&r| random_rows(quant, r, cols, &mut rng)).collect();
+                let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                let weight =
+                    QuantMatrix::upload_parts(ctx, "w", quant, cols, &slices, max_chunk_bytes).unwrap();
+                let x = rng.f32s(batch * cols, -1.0, 1.0);
+                let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+                let ys: Vec<Tensor> =
+                    part_rows.iter().map(|&r| Tensor::empty(ctx, "y", &[batch, r]).unwrap()).collect();
+                ys.iter().for_each(|y| y.fill_bits(ctx, POISON));
+                let mut encoder = ctx.encoder("test");
+                let outputs = split_outputs(&ys.iter().collect::<Vec<_>>()).unwrap();
+                run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), outputs, variant).unwrap();
+                ctx.submit(encoder).unwrap();
+                for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
+                    let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+                    let (expected, magnitude) = reference(quant, part_rows[p], cols, bytes, &x);
+                    let what = format!(
+                        "{quant} parts {part_rows:?} part {p}, batch {batch}, {} chunks, {variant:?}",
+                        weight.chunk_count()
+                    );
+                    assert_dot_close(&what, &got, &expected, &magnitude);
+                }
+            }
+        }
+        // y = (activation(gate) * up)·Wᵀ, and y += the same, for both activations.
+        let (rows, batch) = (37, 6);
+        let bytes = random_rows(quant, rows, cols, &mut rng);
+        let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+        for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
+            let gate = rng.f32s(batch * cols, -6.0, 6.0);
+            let up = rng.f32s(batch * cols, -1.0, 1.0);
+            let x: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(&g, &u)| {
+                    let g = f64::from(g);
+                    let activated = match activation {
+                        GatedActivation::Silu => g / (1.0 + (-g).exp()),
+                        GatedActivation::GeluTanh => {
+                            0.5 * g * (1.0 + (0.7978845608028654 * (g + 0.044715 * g * g * g)).tanh())
+                        }
+                    };
+                    (activated * f64::from(u)) as f32
+                })
+                .collect();
+            let gate_gpu = Tensor::from_slice(ctx, "gate", &[batch, cols], &gate).unwrap();
+            let up_gpu = Tensor::from_slice(ctx, "up", &[batch, cols], &up).unwrap();
+            let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+            y.fill_bits(ctx, POISON);
+            let mut encoder = ctx.encoder("test");
+            let input = GatedInput { activation, gate: &gate_gpu, up: &up_gpu };
+            run(ctx, &mut encoder, &weight, Input::Gated(input), Outputs::One(&y), variant).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+            let (expected, magnitude) = reference(quant, rows, cols, &bytes, &x);
+            let what = format!("{quant} gated {activation:?}, {variant:?}");
+            assert_dot_close(&what, &got, &expected, &magnitude);
+
+            let before = rng.f32s(batch * rows, -4.0, 4.0);
+            let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
+            let mut encoder = ctx.encoder("test");
+            run(ctx, &mut encoder, &weight, Input::Gated(input), Outputs::AddTo(&y), variant).unwrap();
+            ctx.submit(encoder).unwrap();
+            let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+            let (expected, magnitude) = added(&expected, &magnitude, &before);
+            assert_dot_close(&format!("{what} added"), &got, &expected, &magnitude);
+        }
+
+        // y += x·Wᵀ.
+        let bytes = random_rows(quant, rows, cols, &mut rng);
+        let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+        let x = rng.f32s(batch * cols, -1.0, 1.0);
+        let before = rng.f32s(batch * rows, -4.0, 4.0);
+        let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
+        let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
+        let mut encoder = ctx.encoder("test");
+        run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), Outputs::AddTo(&y), variant).unwrap();
+        ctx.submit(encoder).unwrap();
+        let got = pollster::block_on(y.to_f32(ctx)).unwrap();
+        let (product, magnitude) = reference(quant, rows, cols, &bytes, &x);
+        let (expected, magnitude) = added(&product, &magnitude, &before);
+        assert_dot_close(&format!("{quant} added, {variant:?}"), &got, &expected, &magnitude);
+    }
+}
+
+/// The reference of a product added to `before`, and its magnitudes.
+fn added(product: &[f64], magnitude: &[f64], before: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let sum = product.iter().zip(before).map(|(p, &b)| p + f64::from(b)).collect();
+    let magnitude = magnitude.iter().zip(before).map(|(m, &b)| m + f64::from(b).abs()).collect();
+    (sum, magnitude)
+}
+
+#[test]
+fn mismatched_shapes_are_errors() {
+    let ctx = gpu();
+    let mut rng = Rng::new("matmul shapes");
+    let bytes = random_rows(QuantType::Q8_0, 7, 64, &mut rng);
+    let weight = QuantMatrix::upload(ctx, "w", QuantType::Q8_0, 7, 64, &bytes).unwrap();
+    let x = Tensor::empty(ctx, "x", &[3, 64]).unwrap();
+    for y_shape in [[3usize, 8], [2, 7]] {
+        let y = Tensor::empty(ctx, "y", &y_shape).unwrap();
+        let err = matmul(ctx, &mut ctx.encoder("test"), &weight, &x, &y).unwrap_err();
+        assert!(err.to_string().contains("'w' is 7 x 64"), "{err}");
+    }
+    let x = Tensor::empty(ctx, "x", &[3, 32]).unwrap();
+    let y = Tensor::empty(ctx, "y", &[3, 7]).unwrap();
+    assert!(matmul(ctx, &mut ctx.encoder("test"), &weight, &x, &y).is_err());
+    // Split outputs must match the stacked parts, in number and in rows.
+    let stacked =
+        QuantMatrix::upload_stacked(ctx, "qkv", QuantType::Q8_0, 64, &[&bytes[..2 * 68], &bytes[2 * 68..]])
+            .unwrap();
+    let x = Tensor::empty(ctx, "x", &[3, 64]).unwrap();
+    let (y2, y5, y7) = (
+        Tensor::empty(ctx, "a", &[3, 2]).unwrap(),
+        Tensor::empty(ctx, "b", &[3, 5]).unwrap(),
+        Tensor::empty(ctx, "c", &[3, 7]).unwrap(),
+    );
+    assert!(matmul_split(ctx, &mut ctx.encoder("test"), &stacked, &x, &[&y2, &y5]).is_ok());
+    for outputs in [&[&y5, &y2][..], &[&y2, &y5, &y5], &[&y7]] {
+        let err = matmul_split(ctx, &mut ctx.encoder("test"), &stacked, &x, outputs).unwrap_err();
+        assert!(err.to_string().contains("'qkv'") || err.to_string().contains("2 or 3"), "{err}");
+    }
+    assert!(matmul_split(ctx, &mut ctx.encoder("test"), &weight, &x, &[&y2, &y5]).is_err());
+}
+
+#[test]
+fn every_variant_validates() {
+    let y = Tensor::empty(gpu(), "y", &[1, 8]).unwrap();
+    for quant in QuantType::ALL {
+        let mut variants = FORCED.to_vec();
+        for batch_tile in [1, 4, 8, 16] {
+            for (row_tile, x_broadcast, x_window_rows) in [
+                (1, false, None),
+                (2, false, None),
+                (4, false, None),
+                (8, false, None),
+                (4, true, None),
+                (8, true, None),
+                (4, false, Some(3)),
+                (4, true, Some(3)),
+            ] {
+                variants.push(Variant {
+                    wg_size: 64,
+                    threads_per_row: 1,
+                    row_tile,
+                    batch_tile,
+                    reduce: Reduce::None,
+                    x_broadcast,
+                    x_window_rows,
+                    tiled: false,
+                });
+            }
+            for threads_per_row in [4, 8, 16, 32] {
+                variants.push(Variant {
+                    wg_size: 128,
+                    threads_per_row,
+                    row_tile: 1,
+                    batch_tile,
+                    reduce: Reduce::Subgroup,
+                    x_broadcast: false,
+                    x_window_rows: None,
+                    tiled: false,
+                });
+            }
+            variants.push(Variant {
+                wg_size: 128,
+                threads_per_row: 32,
+                row_tile: 1,
+                batch_tile,
+                reduce: Reduce::Shared,
+                x_broadcast: false,
+                x_window_rows: None,
+                tiled: false,
+            });
+        }
+        for (variant, textures) in variants.into_iter().flat_map(|v| [(v, false), (v, true)]) {
+            let plain = Input::Plain(&y);
+            validate_wgsl(&variant.source(quant, textures, plain, Outputs::One(&y)));
+            validate_wgsl(&variant.source(quant, textures, plain, Outputs::Split(&y, &y, None)));
+            validate_wgsl(&variant.source(quant, textures, plain, Outputs::Split(&y, &y, Some(&y))));
+            for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
+                let gated = Input::Gated(GatedInput { activation, gate: &y, up: &y });
+                validate_wgsl(&variant.source(quant, textures, gated, Outputs::AddTo(&y)));
+            }
+            for convention in [NormWeight::Scale, NormWeight::OnePlus] {
+                let normed = Input::Normed(&y, RmsNorm { weight: &y, convention, eps: 1e-6 });
+                validate_wgsl(&variant.source(quant, textures, normed, Outputs::One(&y)));
+                validate_wgsl(&variant.source(quant, textures, normed, Outputs::Split(&y, &y, None)));
+                validate_wgsl(&variant.source(quant, textures, normed, Outputs::Split(&y, &y, Some(&y))));
+            }
+        }
+    }
+}
+
+/// Prints the time of the device's own variant on prefill-shaped products (SmolLM2-135M's
+/// Q4_1 576 x 1536 projection and its 49152 x 576 Q8_0 LM head). Not an assertion: run with
+/// `cargo test --release -p flint-core --lib kernels::matmul::tests::timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing print, run by hand in a release build"]
+fn timing() {
+    let mut rng = Rng::new("matmul timing");
+    for ((path, ctx), (quant, rows, cols)) in both_paths()
+        .into_iter()
+        .flat_map(|p| [(p, (QuantType::Q4_1, 1536, 576)), (p, (QuantType::Q8_0, 49152, 576))])
+    {
+        let bytes = random_rows(quant, rows, cols, &mut rng);
+        let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+        for batch in [1, 8, 64] {
+            let x = Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap();
+            let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+            let variant = tuning::matmul_variant(ctx, quant, rows, cols, batch);
+            let run = |reps: usize| {
+                let mut encoder = ctx.encoder("timing");
+                for _ in 0..reps {
+                    record(ctx, &mut encoder, &weight, Input::Plain(&x), Outputs::One(&y), batch, variant)
+                        .unwrap();
+                }
+                ctx.submit(encoder).unwrap();
+                pollster::block_on(y.to_f32(ctx)).unwrap();
+            };
+            run(1);
+            let reps = if rows * batch > 1 << 20 { 3 } else { 20 };
+            let start = std::time::Instant::now();
+            run(reps);
+            let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            let gflops = 2.0 * (rows * cols * batch) as f64 / ms / 1e6;
+            eprintln!(
+                "{path}: {quant} {rows}x{cols} batch {batch}: {ms:.2} ms ({gflops:.1} GFLOP/s), {variant:?}"
+            );
+        }
+    }
+}
+
+/// Prints the time of gemma3's 4096 x 640 Q5_0 gate/up product with a plain, a normalised
+/// and a residual input, through the device's own tile and others (min of 3 alternating runs
+/// of 5): what [`fuses_residual_input`] is set from. Run with `cargo test --release -p
+/// flint-core --lib kernels::matmul::tests::timing_inputs -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing print, run by hand in a release build"]
+fn timing_inputs() {
+    let mut rng = Rng::new("matmul timing inputs");
+    let ctx = gpu();
+    let (quant, rows, cols) = (QuantType::Q5_0, 4096, 640);
+    let bytes = random_rows(quant, rows, cols, &mut rng);
+    let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+    let norms = Tensor::from_slice(ctx, "norms", &[2, cols], &rng.f32s(2 * cols, -1.0, 1.0)).unwrap();
+    let norm_weight = Tensor::from_slice(ctx, "norm", &[cols], &rng.f32s(cols, -1.0, 1.0)).unwrap();
+    for batch in [1, 16, 64] {
+        let tensor = |rng: &mut Rng| {
+            Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap()
+        };
+        let (x, sublayer, sum) = (tensor(&mut rng), tensor(&mut rng), tensor(&mut rng));
+        let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+        let norm = RmsNorm { weight: &norm_weight, convention: NormWeight::Scale, eps: 1e-6 };
+        let residual = ResidualInput {
+            residual: &x,
+            sublayer: &sublayer,
+            norm_weights: &norms,
+            convention: NormWeight::Scale,
+            eps: 1e-6,
+            sum: &sum,
+        };
+        let inputs = [
+            ("plain", Input::Plain(&x)),
+            ("normed", Input::Normed(&x, norm)),
+            ("residual", Input::Residual(residual)),
+        ];
+        // The device's own tile, then others, for each input: the best tile of one input
+        // need not be another's.
+        let chosen = tuning::matmul_variant(ctx, quant, rows, cols, batch);
+        let tiles = [(chosen.row_tile, chosen.batch_tile), (2, 2), (2, 4), (4, 2), (4, 4), (1, 8)];
+        let mut cases: Vec<(&str, Input, Variant, f64)> = Vec::new();
+        for (row_tile, batch_tile) in tiles.into_iter().filter(|&(_, t)| t as usize <= batch) {
+            for &(name, input) in &inputs {
+                cases.push((name, input, Variant { row_tile, batch_tile, ..chosen }, f64::MAX));
+            }
+        }
+        for _ in 0..3 {
+            for (_, input, variant, best) in &mut cases {
+                let run = |reps: usize| {
+                    let mut encoder = ctx.encoder("timing");
+                    for _ in 0..reps {
+                        record(ctx, &mut encoder, &weight, *input, Outputs::One(&y), batch, *variant)
+                            .unwrap();
+                    }
+                    ctx.submit(encoder).unwrap();
+                    pollster::block_on(y.to_f32(ctx)).unwrap();
+                };
+                run(1);
+                let start = std::time::Instant::now();
+                run(5);
+                *best = best.min(start.elapsed().as_secs_f64() * 1e3 / 5.0);
+            }
+        }
+        for (name, _, variant, ms) in cases {
+            let (r, t) = (variant.row_tile, variant.batch_tile);
+            eprintln!("{quant} {rows}x{cols} batch {batch} {name:>8}, tile {r} x {t}: {ms:.2} ms");
+        }
+    }
+}
+
+/// Times, with GPU timestamps, the matmul variants a GPU could take on SmolLM2's and gemma3's
+/// product shapes at batch sizes from decode to prefill, and prints a table (the medians of
+/// 9 dispatches): what `tuning::matmul_variant` for GPUs is set from. Needs timestamp queries. Run
+/// on the GPU with `cargo test --release -p flint-core --lib
+/// kernels::matmul::tests::timing_sweep -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing print for GPUs, run by hand in a release build"]
+fn timing_sweep() {
+    let ctx = gpu();
+    if !ctx.features().timestamps {
+        eprintln!("{}: no timestamp queries, nothing timed", ctx.adapter_info().name);
+        return;
+    }
+    let mut rng = Rng::new("matmul timing sweep");
+    let shapes = [
+        (QuantType::Q4_1, 1536, 576),
+        (QuantType::Q4_1, 576, 1536),
+        (QuantType::Q4K, 640, 2048),
+        (QuantType::Q8_0, 49152, 576),
+    ];
+    eprintln!("{}: median of 9 dispatches, GPU timestamps", ctx.adapter_info().name);
+    for (quant, rows, cols) in shapes {
+        let bytes = random_rows(quant, rows, cols, &mut rng);
+        let weight = QuantMatrix::upload(ctx, "w", quant, rows, cols, &bytes).unwrap();
+        for batch in [1, 4, 8, 16, 32, 64, 128, 256] {
+            let x = Tensor::from_slice(ctx, "x", &[batch, cols], &rng.f32s(batch * cols, -1.0, 1.0)).unwrap();
+            let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
+            let mut variants = vec![TILED];
+            for threads_per_row in [8, 32] {
+                for row_tile in [1, 2, 4] {
+                    for batch_tile in
+                        [1u32, 4, 8, 16].into_iter().filter(|&t| t as usize <= batch.next_power_of_two())
+                    {
+                        variants.push(Variant {
+                            wg_size: 128,
+                            threads_per_row,
+                            row_tile,
+                            batch_tile,
+                            reduce: Reduce::Subgroup,
+                            x_broadcast: false,
+                            x_window_rows: None,
+                            tiled: false,
+                        });
+                    }
+                }
+            }
+            let chosen = tuning::matmul_variant(ctx, quant, rows, cols, batch);
+            let mut times: Vec<(f64, Variant)> = Vec::new();
+            for variant in variants {
+                let record_times = |times: usize| -> Result<()> {
+                    let mut encoder = ctx.encoder("timing");
+                    for _ in 0..times {
+                        let (input, outputs) = (Input::Plain(&x), Outputs::One(&y));
+                        record(ctx, &mut encoder, &weight, input, outputs, batch, variant)?;
+                    }
+                    ctx.submit(encoder)
+                };
+                let time = || -> Result<f64> {
+                    record_times(1)?;
+                    ctx.start_profile(9)?;
+                    record_times(9)?;
+                    let mut seconds: Vec<f64> =
+                        pollster::block_on(ctx.finish_profile())?.iter().map(|t| t.seconds).collect();
+                    seconds.sort_by(f64::total_cmp);
+                    Ok(seconds[seconds.len() / 2])
+                };
+                match time() {
+                    Ok(seconds) => times.push((seconds, variant)),
+                    Err(e) => eprintln!("  {variant:?}: {e}"),
+                }
+            }
+            times.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let describe = |(seconds, v): &(f64, Variant)| {
+                let gflops = 2.0 * (rows * cols * batch) as f64 / seconds / 1e9;
+                let shape = if v.tiled {
+                    "tiled 64x64".to_string()
+                } else {
+                    format!("tpr {} rows {} batch {}", v.threads_per_row, v.row_tile, v.batch_tile)
+                };
+                format!("{:.1} us {shape} ({gflops:.0} GFLOP/s)", seconds * 1e6)
+            };
+            let chosen_time = times.iter().find(|(_, v)| *v == chosen).map(describe);
+            let best: Vec<String> = times.iter().take(3).map(describe).collect();
+            eprintln!(
+                "{quant} {rows}x{cols} batch {batch}: best {}; chosen {}",
+                best.join(", "),
+                chosen_time.unwrap_or_else(|| format!("{chosen:?}, not in the sweep"))
+            );
+        }
+    }
+}
