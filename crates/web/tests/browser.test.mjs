@@ -28,7 +28,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { env, launchChromium, modelPath, repoDir, requireFiles, serve, webDir } from './harness.mjs';
 
-const referenceDir = env('FLINT_REFERENCE_DIR') ?? path.join(repoDir, '..', 'shared', 'reference');
+const referenceDir = env('FLINT_REFERENCE_DIR') ?? path.join(repoDir, 'tests', 'reference');
 const flintBin = env('FLINT_BIN') ?? path.join(repoDir, 'target', 'debug', 'flint');
 const tokens = Number(env('FLINT_WEB_TOKENS') ?? 8);
 const artifactsDir = env('FLINT_WEB_ARTIFACTS') ?? path.join(repoDir, 'target', 'web-test');
