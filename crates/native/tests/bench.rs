@@ -31,6 +31,15 @@ fn bench_reports_consistent_figures() {
     // the output norm and head, are outside them.
     assert_eq!(number("dispatches_per_layer"), 5.0, "{report}");
     assert_eq!(number("layers"), 30.0, "{report}");
+    // After the warm-up run a decode step reuses every buffer and pipeline; it still makes a bind
+    // group per dispatch.
+    let created = &report["created_per_decode_step"];
+    assert_eq!(
+        (created["buffers"].as_f64(), created["pipelines"].as_f64()),
+        (Some(0.0), Some(0.0)),
+        "{report}"
+    );
+    assert_eq!(created["bind_groups"].as_f64(), Some(per_step), "{report}");
     assert!(
         (number("dispatches_per_layer") * 30.0 + number("dispatches_outside_layers") - per_step).abs() < 1e-9
     );

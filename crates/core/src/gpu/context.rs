@@ -102,6 +102,17 @@ pub struct DeviceDescription {
     pub max_workgroups_per_dimension: u32,
 }
 
+/// Counts of GPU objects created on a device ([`GpuContext::created`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CreatedObjects {
+    /// Buffers: tensors, parameter blocks and readback buffers (pooled), weights, constants.
+    pub buffers: u64,
+    /// Bind groups: one per dispatch today.
+    pub bind_groups: u64,
+    /// Compute pipelines: one per kernel variant, on its first use.
+    pub pipelines: u64,
+}
+
 /// One opened GPU device, shared (behind `Arc`) by everything that records work on it.
 pub struct GpuContext {
     device: wgpu::Device,
@@ -120,6 +131,11 @@ pub struct GpuContext {
     pub(crate) dispatches: std::sync::atomic::AtomicU64,
     /// Of those, the dispatches recorded inside transformer layers ([`GpuContext::count_layer_dispatches`]).
     layer_dispatches: std::sync::atomic::AtomicU64,
+    /// Buffers created outside the pool (weights, constants, profiles), bind groups and
+    /// pipelines created since the device was opened ([`GpuContext::created`]).
+    created_buffers: std::sync::atomic::AtomicU64,
+    pub(crate) created_bind_groups: std::sync::atomic::AtomicU64,
+    pub(crate) created_pipelines: std::sync::atomic::AtomicU64,
     /// The open profile, while kernels are being timed.
     pub(crate) profile: Mutex<Option<Profile>>,
     pub(crate) memory: Arc<MemoryLedger>,
@@ -195,6 +211,9 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             dispatches: std::sync::atomic::AtomicU64::new(0),
             layer_dispatches: std::sync::atomic::AtomicU64::new(0),
+            created_buffers: std::sync::atomic::AtomicU64::new(0),
+            created_bind_groups: std::sync::atomic::AtomicU64::new(0),
+            created_pipelines: std::sync::atomic::AtomicU64::new(0),
             profile: Mutex::new(None),
             memory: Arc::clone(&memory),
             buffers: Arc::new(BufferPool::new(memory)),
@@ -311,6 +330,22 @@ impl GpuContext {
     /// a step's fixed ones.
     pub fn layer_dispatch_count(&self) -> u64 {
         self.layer_dispatches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The GPU objects created on this device so far, by kind: after its first step of a shape, a
+    /// step should create nothing but what it cannot reuse.
+    pub fn created(&self) -> CreatedObjects {
+        let load = |count: &std::sync::atomic::AtomicU64| count.load(std::sync::atomic::Ordering::Relaxed);
+        CreatedObjects {
+            buffers: self.buffers.created() + load(&self.created_buffers),
+            bind_groups: load(&self.created_bind_groups),
+            pipelines: load(&self.created_pipelines),
+        }
+    }
+
+    /// Counts a buffer created outside the pool in [`GpuContext::created`].
+    pub(crate) fn count_created_buffer(&self) {
+        self.created_buffers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Adds `dispatches` recorded inside transformer layers to [`GpuContext::layer_dispatch_count`].

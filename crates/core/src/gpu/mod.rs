@@ -13,7 +13,7 @@ mod tensor;
 pub(crate) mod weight;
 
 pub use crate::tuning::DeviceClass;
-pub use context::{DeviceDescription, GpuContext, GpuFeatures, GpuOptions, WeightStorage};
+pub use context::{CreatedObjects, DeviceDescription, GpuContext, GpuFeatures, GpuOptions, WeightStorage};
 pub use encoder::{Encoder, ParamsSlot};
 pub use pipeline::{KernelSource, preprocess};
 pub use profile::KernelTime;

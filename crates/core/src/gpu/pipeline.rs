@@ -115,6 +115,7 @@ impl GpuContext {
         if let Some(pipeline) = pipelines.get(&key) {
             return Ok(Arc::clone(pipeline));
         }
+        self.created_pipelines.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let module = self.device().create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(source.entry),
             source: wgpu::ShaderSource::Wgsl(source.wgsl().into()),
@@ -150,6 +151,7 @@ impl GpuContext {
             .enumerate()
             .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource: resource.clone() })
             .collect();
+        self.created_bind_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bind_group = self.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(source.entry),
             layout: &pipeline.get_bind_group_layout(0),

@@ -15,6 +15,7 @@
 //! contents.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::gpu::memory::{MemoryLedger, Reservation};
@@ -33,6 +34,8 @@ const IDLE_BYTES_MAX: u64 = 64 << 20;
 pub(crate) struct BufferPool {
     ledger: Arc<MemoryLedger>,
     state: Mutex<PoolState>,
+    /// Buffers created, not handed out again.
+    created: AtomicU64,
 }
 
 #[derive(Default)]
@@ -87,7 +90,11 @@ impl BufferPool {
     }
 
     fn with_idle_bytes_max(ledger: Arc<MemoryLedger>, idle_bytes_max: u64) -> Self {
-        BufferPool { ledger, state: Mutex::new(PoolState { idle_bytes_max, ..PoolState::default() }) }
+        BufferPool {
+            ledger,
+            state: Mutex::new(PoolState { idle_bytes_max, ..PoolState::default() }),
+            created: AtomicU64::new(0),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, PoolState> {
@@ -124,6 +131,7 @@ impl BufferPool {
             reserved => reserved?,
         };
         drop(state);
+        self.created.fetch_add(1, Ordering::Relaxed);
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: key.size,
@@ -131,6 +139,11 @@ impl BufferPool {
             mapped_at_creation: false,
         });
         Ok(PooledBuffer { buffer, memory: Some(memory), returns_to_pool: true, pool: Arc::clone(self) })
+    }
+
+    /// Buffers this pool has created (a buffer handed out again is not counted again).
+    pub(crate) fn created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
     }
 
     /// Marks an encoder open until the returned guard is dropped, which must be after its
@@ -280,6 +293,7 @@ mod tests {
         assert_ne!(*acquire(&pool, ctx, 512).buffer(), buffer, "another size");
         let other_usage = pool.acquire(ctx.device(), "test", 256, wgpu::BufferUsages::UNIFORM).unwrap();
         assert_ne!(*other_usage.buffer(), buffer, "another usage");
+        assert_eq!(pool.created(), 3, "the buffer handed out again is not counted again");
     }
 
     #[test]

@@ -94,6 +94,7 @@ impl GpuContext {
         }
         let used = 2 * profile.labels.len() as u32;
         let bytes = used as u64 * 8;
+        self.count_created_buffer();
         let resolved = self.device().create_buffer(&wgpu::BufferDescriptor {
             label: Some("flint profile resolve"),
             size: bytes,

@@ -351,6 +351,7 @@ impl QuantMatrix {
         row_bytes: usize,
     ) -> Result<wgpu::Buffer> {
         let gpu_row_bytes = self.row_words * 4;
+        ctx.count_created_buffer();
         let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
             label: Some(&format!("{} rows {}..{}", self.name, rows.start, rows.end)),
             size: (rows.len() * gpu_row_bytes) as u64,

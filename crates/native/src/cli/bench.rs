@@ -107,6 +107,12 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
         "dispatches:     {:.0} per decode step: {:.1} in each of the {} layers, {:.0} outside them",
         r.dispatches_per_decode_step, r.dispatches_per_layer, r.layers, r.dispatches_outside_layers
     )?;
+    let created = &r.created_per_decode_step;
+    writeln!(
+        out,
+        "created:        {:.1} buffers, {:.1} bind groups, {:.1} pipelines per decode step",
+        created.buffers, created.bind_groups, created.pipelines
+    )?;
     if let Some(profile) = profile {
         for (phase, families) in [("prefill", &profile.prefill), ("decode step", &profile.decode_step)] {
             let total: f64 = families.iter().map(|f| f.ms).sum();
@@ -359,6 +365,21 @@ pub struct BenchReport {
     pub dispatches_outside_layers: f64,
     /// Transformer layers of the model.
     pub layers: usize,
+    /// GPU objects one decode step creates once the decode runs (from its second step on, after
+    /// the warm-up run).
+    pub created_per_decode_step: CreatedPerStep,
+}
+
+/// GPU objects created per decode step, by kind (a mean over the first measured run's steps but
+/// its first; its only step when it has one).
+#[derive(Clone, Copy, Serialize)]
+pub struct CreatedPerStep {
+    /// Buffers (tensors, parameter blocks, readback buffers come from a pool).
+    pub buffers: f64,
+    /// Bind groups (one per dispatch today).
+    pub bind_groups: f64,
+    /// Compute pipelines.
+    pub pipelines: f64,
 }
 
 /// Runs the benchmark on a loaded model.
@@ -437,6 +458,7 @@ pub fn run(
         dispatches_per_layer: layer_dispatches_per_step / model.config().n_layers as f64,
         dispatches_outside_layers: dispatches_per_decode_step - layer_dispatches_per_step,
         layers: model.config().n_layers,
+        created_per_decode_step: runs[0].created_per_decode_step,
     })
 }
 
@@ -447,6 +469,8 @@ struct RunFigures {
     decode_dispatches: u64,
     /// Of those, the ones inside transformer layers.
     decode_layer_dispatches: u64,
+    /// GPU objects a decode step created, from the second step on.
+    created_per_decode_step: CreatedPerStep,
 }
 
 /// Real text for the prompt (the licence flint is tested on, else a fixed sentence), repeated
@@ -489,17 +513,36 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
     let decode_started = Instant::now();
     let dispatches_before = ctx.dispatch_count();
     let layer_dispatches_before = ctx.layer_dispatch_count();
-    for _ in 1..options.gen_tokens {
+    // Creations are counted from the second decode step on: the first makes the buffers of the
+    // decode's shapes again when the prefills left them idle long enough to be freed.
+    let mut created_before = ctx.created();
+    for step in 1..options.gen_tokens {
         let logits = pollster::block_on(decode_step(model, &mut cache, &mut tables, &next)?.to_f32(ctx))?;
         next = logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(0)).collect();
+        if step == 1 && options.gen_tokens > 2 {
+            created_before = ctx.created();
+        }
     }
+    let steady_steps = (options.gen_tokens - 1).saturating_sub(1).max(1) as f64;
     let decode_s = decode_started.elapsed().as_secs_f64();
     let decode_dispatches = ctx.dispatch_count() - dispatches_before;
     let decode_layer_dispatches = ctx.layer_dispatch_count() - layer_dispatches_before;
+    let created = ctx.created();
+    let created_per_decode_step = CreatedPerStep {
+        buffers: (created.buffers - created_before.buffers) as f64 / steady_steps,
+        bind_groups: (created.bind_groups - created_before.bind_groups) as f64 / steady_steps,
+        pipelines: (created.pipelines - created_before.pipelines) as f64 / steady_steps,
+    };
     for table in tables {
         cache.release(table);
     }
-    let figures =
-        RunFigures { prefill_s, first_token_s, decode_s, decode_dispatches, decode_layer_dispatches };
+    let figures = RunFigures {
+        prefill_s,
+        first_token_s,
+        decode_s,
+        decode_dispatches,
+        decode_layer_dispatches,
+        created_per_decode_step,
+    };
     Ok((figures, kv_bytes))
 }

@@ -249,6 +249,7 @@ impl HeadTransform {
         };
         let constants = {
             use wgpu::util::DeviceExt;
+            ctx.count_created_buffer();
             ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("head transform constants"),
                 contents: bytemuck::cast_slice(&words),
