@@ -17,7 +17,6 @@ pub struct LoadedModel {
     config: ModelConfig,
     /// The chat template, or why there is none (an error only when a chat is asked for).
     chat_template: std::result::Result<ChatTemplate, String>,
-    max_sequence_tokens: usize,
 }
 
 impl LoadedModel {
@@ -31,8 +30,6 @@ impl LoadedModel {
     ) -> Result<(LoadedModel, StepLoop)> {
         let config = ModelConfig::from_gguf(file)?;
         let (engine, step_loop) = Engine::load(ctx, file, options)?;
-        let kv = engine.metrics();
-        let max_sequence_tokens = config.context_length.min(kv.kv_blocks_total * kv.kv_block_tokens);
         let chat_template = match ChatTemplate::from_gguf(file, engine.tokenizer()) {
             Ok(Some(template)) => Ok(template),
             Ok(None) => {
@@ -40,7 +37,7 @@ impl LoadedModel {
             }
             Err(error) => Err(format!("{described} has a chat template flint cannot use: {error}")),
         };
-        Ok((LoadedModel { engine, config, chat_template, max_sequence_tokens }, step_loop))
+        Ok((LoadedModel { engine, config, chat_template }, step_loop))
     }
 
     /// The engine serving it.
@@ -53,10 +50,9 @@ impl LoadedModel {
         &self.config
     }
 
-    /// The most tokens one sequence may hold, prompt and generated tokens together: the model's
-    /// context, or the KV cache's capacity when that is smaller.
+    /// The most tokens one sequence may hold ([`Engine::max_sequence_tokens`]).
     pub fn max_sequence_tokens(&self) -> usize {
-        self.max_sequence_tokens
+        self.engine.max_sequence_tokens()
     }
 
     /// The chat template, or [`Error::ChatTemplate`] saying why there is none.

@@ -281,6 +281,12 @@ impl Engine {
         &self.shared.tokenizer
     }
 
+    /// The most tokens one sequence may hold, prompt and generated tokens together: the model's
+    /// context, or the KV cache's capacity when that is smaller.
+    pub fn max_sequence_tokens(&self) -> usize {
+        self.shared.context_length.min(self.shared.kv_capacity_tokens)
+    }
+
     /// Submits a request. The stream yields its outputs (see [`GenerateOutput`]) and ends after
     /// the last one. A request that is invalid (no prompt, a token outside the vocabulary, a
     /// sampling parameter out of range, a JSON Schema, regex or grammar that does not compile,
