@@ -7,6 +7,7 @@
 //! [`DeviceClass::of`], then the compiler points at each row it needs here, to be measured on
 //! that device. The measurements behind the rows are in `BENCHMARKS.md` ("Tuning tables").
 
+use crate::gpu::quant_types::DecoderSize;
 use crate::gpu::{GpuContext, UNIFORM_WINDOW_BYTES};
 use crate::kernels::attention::{DECODE_SERIAL_WG, DECODE_WG, DecodeVariant, PrefillVariant};
 use crate::kernels::matmul::{Reduce, TILED, TILED_ROWS, Variant, uniform_window_rows};
@@ -69,29 +70,6 @@ fn cpu_wg_size(subgroup_max_size: u32) -> u32 {
     }
 }
 
-/// How much code a type's block decoder is, which bounds the tile a CPU device runs well.
-#[derive(Clone, Copy)]
-enum DecoderSize {
-    Small,
-    Medium,
-    Large,
-}
-
-impl DecoderSize {
-    fn of(quant: QuantType) -> Self {
-        match quant {
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => DecoderSize::Small,
-            QuantType::Q5_0
-            | QuantType::Q4K
-            | QuantType::Q6K
-            | QuantType::F16
-            | QuantType::BF16
-            | QuantType::F32 => DecoderSize::Medium,
-            QuantType::Q5_1 | QuantType::Q5K => DecoderSize::Large,
-        }
-    }
-}
-
 /// A GPU product with this many rows has workgroups enough at any batch: tiles of 4 batch rows
 /// from 2 on, and 8 invocations a row where rows are short (an LM head: SmolLM2's 49152 × 576
 /// Q8_0 at batch 4 took 59 µs so, against 137 with 32 invocations and one batch row).
@@ -121,7 +99,7 @@ pub(crate) fn matmul_variant(
     match ctx.device_class() {
         DeviceClass::Cpu => {
             let x_broadcast = ctx.features().subgroups && info.subgroup_min_size >= 8;
-            let (row_tile, batch_tile) = match (DecoderSize::of(quant), batch, x_broadcast) {
+            let (row_tile, batch_tile) = match (quant.gpu().decoder_size, batch, x_broadcast) {
                 (DecoderSize::Small, 1, true) => (8, 1),
                 (DecoderSize::Small, _, true) => (4, 4),
                 (DecoderSize::Small, 1, false) => (2, 1),

@@ -9,6 +9,7 @@ mod memory;
 mod pipeline;
 mod pool;
 mod profile;
+pub(crate) mod quant_types;
 mod tensor;
 pub(crate) mod weight;
 

@@ -28,6 +28,7 @@
 use std::ops::Range;
 
 use crate::gpu::memory::Reservation;
+use crate::gpu::quant_types::{Field, decoder_parts};
 use crate::gpu::{GpuContext, KernelSource};
 use crate::quant::QuantType;
 use crate::{Error, Result};
@@ -83,39 +84,6 @@ impl WeightChunk {
     }
 }
 
-/// Bytes `at .. at + len` of a GGUF block.
-#[derive(Clone, Copy)]
-struct Field {
-    at: usize,
-    len: usize,
-}
-
-impl Field {
-    fn range(self) -> Range<usize> {
-        self.at..self.at + self.len
-    }
-}
-
-/// The fields that a repacked type moves out of its blocks into arrays after the row's block
-/// bodies (see the module comment), in the order of those arrays: byte ranges of the GGUF block
-/// (its f16 scale; Q4_1's scale and offset; Q5_0's fifth bits, then its scale). Empty for types
-/// stored as they are.
-fn moved_fields(quant: QuantType) -> &'static [Field] {
-    const SCALE_FIRST: Field = Field { at: 0, len: 2 };
-    match quant {
-        QuantType::Q4_0 | QuantType::Q8_0 => &[SCALE_FIRST],
-        QuantType::Q5_0 => &[Field { at: 2, len: 4 }, SCALE_FIRST],
-        QuantType::Q4_1 => &[Field { at: 0, len: 4 }],
-        QuantType::Q6K => &[Field { at: 208, len: 2 }],
-        QuantType::F32
-        | QuantType::F16
-        | QuantType::BF16
-        | QuantType::Q5_1
-        | QuantType::Q4K
-        | QuantType::Q5K => &[],
-    }
-}
-
 /// The byte ranges of a GGUF block that stay in its body when `fields` move out, in order.
 fn body_ranges(block_bytes: usize, fields: &[Field]) -> Vec<Range<usize>> {
     let mut moved: Vec<Range<usize>> = fields.iter().map(|field| field.range()).collect();
@@ -137,7 +105,7 @@ fn body_ranges(block_bytes: usize, fields: &[Field]) -> Vec<Range<usize>> {
 /// Words a row of `blocks` blocks takes in the GPU layout: the bodies (each a whole number of
 /// words), then each moved field's array from a word boundary, padded to 16 bytes.
 fn gpu_row_words(quant: QuantType, blocks: usize) -> usize {
-    let fields = moved_fields(quant);
+    let fields = quant.gpu().moved_fields;
     let moved_bytes: usize = fields.iter().map(|field| field.len).sum();
     let body_words = (blocks * (quant.block_bytes() - moved_bytes)).div_ceil(4);
     let field_words: usize = fields.iter().map(|field| (blocks * field.len).div_ceil(4)).sum();
@@ -161,51 +129,11 @@ impl QuantMatrix {
         entry: &'static str,
         family: &[&'static str],
     ) -> KernelSource {
-        let mut parts = Self::decoder_parts(quant);
+        let mut parts = decoder_parts(quant);
         parts.extend_from_slice(family);
         KernelSource::new(entry, &parts)
             .define("TEXTURE_WEIGHTS", textures)
             .define("TEXTURE_WIDTH", format!("{TEXTURE_WIDTH}u"))
-    }
-
-    /// The WGSL parts that give a kernel `decode8()` and `load32()` for `quant` weights in this
-    /// module's layout: the shared interface, then the type's decoder (with the K-quant scale
-    /// helpers before the Q4_K and Q5_K decoders, and block32.wgsl after the decoders without a
-    /// load32 of their own). A kernel appends its own family file after them.
-    fn decoder_parts(quant: QuantType) -> Vec<&'static str> {
-        const COMMON: &str = include_str!("../../shaders/quant/common.wgsl");
-        const K_SCALES: &str = include_str!("../../shaders/quant/k_scales.wgsl");
-        let decoder = match quant {
-            QuantType::F32 => include_str!("../../shaders/quant/f32.wgsl"),
-            QuantType::F16 => include_str!("../../shaders/quant/f16.wgsl"),
-            QuantType::BF16 => include_str!("../../shaders/quant/bf16.wgsl"),
-            QuantType::Q4_0 => include_str!("../../shaders/quant/q4_0.wgsl"),
-            QuantType::Q4_1 => include_str!("../../shaders/quant/q4_1.wgsl"),
-            QuantType::Q5_0 => include_str!("../../shaders/quant/q5_0.wgsl"),
-            QuantType::Q5_1 => include_str!("../../shaders/quant/q5_1.wgsl"),
-            QuantType::Q8_0 => include_str!("../../shaders/quant/q8_0.wgsl"),
-            QuantType::Q4K => include_str!("../../shaders/quant/q4_k.wgsl"),
-            QuantType::Q5K => include_str!("../../shaders/quant/q5_k.wgsl"),
-            QuantType::Q6K => include_str!("../../shaders/quant/q6_k.wgsl"),
-        };
-        const BLOCK32: &str = include_str!("../../shaders/quant/block32.wgsl");
-        let mut parts = match quant {
-            QuantType::Q4K | QuantType::Q5K => vec![COMMON, K_SCALES, decoder],
-            _ => vec![COMMON, decoder],
-        };
-        // The decoders that read a block's words once for 32 weights define load32 themselves.
-        if !matches!(
-            quant,
-            QuantType::Q4_0
-                | QuantType::Q4_1
-                | QuantType::Q5_0
-                | QuantType::Q8_0
-                | QuantType::Q4K
-                | QuantType::Q6K
-        ) {
-            parts.push(BLOCK32);
-        }
-        parts
     }
 
     /// Uploads a weight from its GGUF bytes (`rows` rows of `quant.row_bytes(cols)` bytes),
@@ -246,7 +174,7 @@ impl QuantMatrix {
 
     /// Uploads weights of the same type and width stacked into one matrix: the rows of
     /// `parts[0]`, then those of `parts[1]`, and so on (each part whole rows of GGUF bytes).
-    /// A kernel then reads them all in one pass, as [`crate::kernels::matmul::matmul_split`]
+    /// A kernel then reads them all in one pass, as [`crate::kernels::matmul::MatmulOutput::Split`]
     /// does for the query, key and value projections of one input.
     pub fn upload_stacked(
         ctx: &GpuContext,
@@ -366,7 +294,7 @@ impl QuantMatrix {
             let mut written = 0;
             let mut part_start = 0;
             let mut repacked = vec![0u8; gpu_row_bytes];
-            let fields = moved_fields(self.quant);
+            let fields = self.quant.gpu().moved_fields;
             let body = body_ranges(self.quant.block_bytes(), fields);
             for (part, &part_rows) in parts.iter().zip(&self.part_rows) {
                 let run = rows.start.max(part_start)..rows.end.min(part_start + part_rows);

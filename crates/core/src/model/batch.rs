@@ -7,7 +7,7 @@ use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{
     self, AttentionOptions, DecodeBatch, HeadTransform, KvCacheLayer, PrefillBatch, Projections,
 };
-use crate::kernels::matmul::matmul;
+use crate::kernels::matmul::{MatmulInput, MatmulOutput, matmul};
 use crate::kernels::norm::{RmsNorm, rms_norm_in_place};
 use crate::kv::{KvBlockTable, KvCache};
 use crate::{Error, Result};
@@ -227,7 +227,7 @@ impl Step {
             written += bytes;
         }
         rms_norm_in_place(ctx, encoder, output_norm, &selected)?;
-        matmul(ctx, encoder, lm_head, &selected, &logits)?;
+        matmul(ctx, encoder, lm_head, MatmulInput::Plain(&selected), MatmulOutput::Write(&logits))?;
         Ok(logits)
     }
 }

@@ -17,7 +17,7 @@
 //! Each post-norm, its residual add and the next pre-norm (a joint) run inside the next
 //! product, which loads its input as `pre_norm(x + post_norm(sublayer))` and stores the new x
 //! ([`ResidualInput`]; x alternates between two tensors, as a product may not overwrite what
-//! other workgroups of it still read), or, where [`fuses_residual_input`] says that costs more
+//! other workgroups of it still read), or, where [`tuning::fuses_residual_input`] says that costs more
 //! than a pass of its own, as one pass before it ([`rms_norm_residual`]). Dispatches a layer
 //! (decode): q/k/v in one stacked product, attention (which also normalises and rotates the
 //! new token's q and k and stores its k and v), the output projection, gate/up in one product,
@@ -33,14 +33,15 @@ use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Projections};
 use crate::kernels::elementwise::{GatedActivation, scale_in_place};
 use crate::kernels::embedding::embedding;
-use crate::kernels::matmul::{GatedInput, ResidualInput, fuses_residual_input, matmul, matmul_gated};
+use crate::kernels::matmul::{GatedInput, MatmulInput, MatmulOutput, ResidualInput, matmul};
 use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_residual};
 use crate::kernels::rope::RopeConfig;
 use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
 use crate::model::config::{ModelConfig, RopeSettings};
-use crate::model::weights::{StackInput, Stacked, WeightLoader};
+use crate::model::weights::{Stacked, WeightLoader};
+use crate::tuning;
 
 /// The norms at a joint of the residual stream: the post-norm of the sublayer before it and
 /// the pre-norm of the sublayer after it.
@@ -186,15 +187,15 @@ impl Gemma3 {
         sublayer: &'a Tensor,
         norms: &'a JointNorms,
         normed: &'a Tensor,
-    ) -> Result<StackInput<'a>> {
+    ) -> Result<MatmulInput<'a>> {
         if !fused {
             let next = (&self.norm(&norms.pre), normed);
             rms_norm_residual(ctx, encoder, &self.norm(&norms.post), sublayer, &streams[*x], Some(next))?;
-            return Ok(StackInput::Plain(normed));
+            return Ok(MatmulInput::Plain(normed));
         }
         let residual = &streams[*x];
         *x = 1 - *x;
-        Ok(StackInput::Residual(ResidualInput {
+        Ok(MatmulInput::Residual(ResidualInput {
             residual,
             sublayer,
             norm_weights: &norms.both,
@@ -219,7 +220,7 @@ impl Gemma3 {
         embedding(ctx, encoder, &self.token_embd, &step.token_ids, &streams[x])?;
         scale_in_place(ctx, encoder, &streams[x], (self.config.hidden as f32).sqrt())?;
         let s = Activations::new(ctx, &self.config, step.n_tokens())?;
-        let fused = fuses_residual_input(ctx, step.n_tokens());
+        let fused = tuning::fuses_residual_input(ctx.device_class(), step.n_tokens());
         let global =
             AttentionOptions { scale: self.config.attention_scale, sliding_window: None, softcap: None };
         let local = AttentionOptions {
@@ -232,7 +233,7 @@ impl Gemma3 {
 
             // Self-attention of the normalised x (joined with the previous layer's FFN first).
             let input = match &layer.attn_joint {
-                None => StackInput::Normed(&streams[x], self.norm(&layer.attn_norm)),
+                None => MatmulInput::Normed(&streams[x], self.norm(&layer.attn_norm)),
                 Some(joint) => {
                     self.join(ctx, encoder, fused, &streams, &mut x, &s.projected, joint, &s.normed)?
                 }
@@ -240,14 +241,21 @@ impl Gemma3 {
             layer.attn_qkv.forward(ctx, encoder, input, &[&s.q, &s.k, &s.v])?;
             let new = Projections { q: &s.q, k: &s.k, v: &s.v };
             step.attention(ctx, encoder, &layer.heads, &new, &cache.layer(i), attention, &s.attention)?;
-            matmul(ctx, encoder, &layer.attn_output, &s.attention, &s.projected)?;
+            let (input, output) = (MatmulInput::Plain(&s.attention), MatmulOutput::Write(&s.projected));
+            matmul(ctx, encoder, &layer.attn_output, input, output)?;
 
             // Feed-forward (GeGLU) of the normalised x, joined with the attention's output first.
             let joint = &layer.ffn_joint;
             let input = self.join(ctx, encoder, fused, &streams, &mut x, &s.projected, joint, &s.normed)?;
             layer.ffn_gate_up.forward(ctx, encoder, input, &[&s.gate, &s.up])?;
             let gated = GatedInput { activation: GatedActivation::GeluTanh, gate: &s.gate, up: &s.up };
-            matmul_gated(ctx, encoder, &layer.ffn_down, &gated, &s.projected)?;
+            matmul(
+                ctx,
+                encoder,
+                &layer.ffn_down,
+                MatmulInput::Gated(gated),
+                MatmulOutput::Write(&s.projected),
+            )?;
         }
         ctx.count_layer_dispatches(ctx.dispatch_count() - dispatches_before_layers);
         if let Some(last) = self.layers.last() {

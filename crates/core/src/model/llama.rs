@@ -25,14 +25,14 @@ use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::attention::{AttentionOptions, HeadNorms, HeadTransform, Projections};
 use crate::kernels::elementwise::{GatedActivation, add_bias_in_place};
 use crate::kernels::embedding::embedding;
-use crate::kernels::matmul::{GatedInput, matmul_add, matmul_gated_add};
+use crate::kernels::matmul::{GatedInput, MatmulInput, MatmulOutput, matmul};
 use crate::kernels::norm::{NormWeight, RmsNorm};
 use crate::kernels::rope::RopeConfig;
 use crate::kv::KvCache;
 use crate::model::Activations;
 use crate::model::batch::Step;
 use crate::model::config::{Architecture, ModelConfig};
-use crate::model::weights::{StackInput, Stacked, WeightLoader};
+use crate::model::weights::{Stacked, WeightLoader};
 
 struct Layer {
     attn_norm: Tensor,
@@ -144,7 +144,7 @@ impl Llama {
         let dispatches_before_layers = ctx.dispatch_count();
         for (i, layer) in self.layers.iter().enumerate() {
             // Self-attention.
-            let input = StackInput::Normed(&x, self.norm(&layer.attn_norm));
+            let input = MatmulInput::Normed(&x, self.norm(&layer.attn_norm));
             layer.qkv.forward(ctx, encoder, input, &[&s.q, &s.k, &s.v])?;
             if let Some(biases) = &layer.qkv_bias {
                 for (out, bias) in [&s.q, &s.k, &s.v].into_iter().zip(biases) {
@@ -153,13 +153,14 @@ impl Llama {
             }
             let new = Projections { q: &s.q, k: &s.k, v: &s.v };
             step.attention(ctx, encoder, &layer.heads, &new, &cache.layer(i), &attention, &s.attention)?;
-            matmul_add(ctx, encoder, &layer.attn_output, &s.attention, &x)?;
+            let (input, output) = (MatmulInput::Plain(&s.attention), MatmulOutput::AddTo(&x));
+            matmul(ctx, encoder, &layer.attn_output, input, output)?;
 
             // Feed-forward (SwiGLU).
-            let input = StackInput::Normed(&x, self.norm(&layer.ffn_norm));
+            let input = MatmulInput::Normed(&x, self.norm(&layer.ffn_norm));
             layer.ffn_gate_up.forward(ctx, encoder, input, &[&s.gate, &s.up])?;
             let gated = GatedInput { activation: GatedActivation::Silu, gate: &s.gate, up: &s.up };
-            matmul_gated_add(ctx, encoder, &layer.ffn_down, &gated, &x)?;
+            matmul(ctx, encoder, &layer.ffn_down, MatmulInput::Gated(gated), MatmulOutput::AddTo(&x))?;
         }
         ctx.count_layer_dispatches(ctx.dispatch_count() - dispatches_before_layers);
         let lm_head = self.output.as_ref().unwrap_or(&self.token_embd);

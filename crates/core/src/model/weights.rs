@@ -4,11 +4,7 @@ use std::borrow::Cow;
 
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
-use crate::kernels::matmul::{
-    ResidualInput, matmul, matmul_normed, matmul_residual, matmul_split, matmul_split_normed,
-    matmul_split_residual,
-};
-use crate::kernels::norm::RmsNorm;
+use crate::kernels::matmul::{MatmulInput, MatmulOutput, matmul};
 use crate::quant::{QuantType, dequantize_row, widen_to_q8_0};
 use crate::{Error, Result};
 
@@ -128,47 +124,29 @@ pub(crate) struct Stacked {
     matrices: Vec<(QuantMatrix, usize)>,
 }
 
-/// What the products of a [`Stacked`] read.
-#[derive(Clone, Copy)]
-pub(crate) enum StackInput<'a> {
-    /// x as it is.
-    Plain(&'a Tensor),
-    /// x RMS-normalised by the norm as the products load it.
-    Normed(&'a Tensor, RmsNorm<'a>),
-    /// The residual stream joined with a post-normed sublayer, normalised (see
-    /// [`ResidualInput`]); each product of the stack stores the same sum.
-    Residual(ResidualInput<'a>),
-}
-
 impl Stacked {
-    /// Records every projection of `input`, the i-th into `outputs[i]`.
+    /// Records every projection of `input`, the i-th into `outputs[i]`; a residual input's
+    /// sum is stored by each product of the stack, the same each time.
     pub fn forward(
         &self,
         ctx: &GpuContext,
         encoder: &mut Encoder,
-        input: StackInput<'_>,
+        input: MatmulInput<'_>,
         outputs: &[&Tensor],
     ) -> Result<()> {
         let mut first = 0;
         for (matrix, count) in &self.matrices {
-            let Some(these) = outputs.get(first..first + count) else {
-                return Err(Error::KernelArguments {
-                    kernel: "matmul",
-                    reason: format!("{} outputs for stacked projections that need more", outputs.len()),
-                });
+            let output = match outputs.get(first..first + count) {
+                Some([y]) => MatmulOutput::Write(y),
+                Some(these) => MatmulOutput::Split(these),
+                None => {
+                    return Err(Error::KernelArguments {
+                        kernel: "matmul",
+                        reason: format!("{} outputs for stacked projections that need more", outputs.len()),
+                    });
+                }
             };
-            match (these, input) {
-                ([y], StackInput::Plain(x)) => matmul(ctx, encoder, matrix, x, y)?,
-                (_, StackInput::Plain(x)) => matmul_split(ctx, encoder, matrix, x, these)?,
-                ([y], StackInput::Normed(x, norm)) => matmul_normed(ctx, encoder, matrix, &norm, x, y)?,
-                ([y], StackInput::Residual(residual)) => matmul_residual(ctx, encoder, matrix, &residual, y)?,
-                (_, StackInput::Normed(x, norm)) => {
-                    matmul_split_normed(ctx, encoder, matrix, &norm, x, these)?
-                }
-                (_, StackInput::Residual(residual)) => {
-                    matmul_split_residual(ctx, encoder, matrix, &residual, these)?
-                }
-            }
+            matmul(ctx, encoder, matrix, input, output)?;
             first += count;
         }
         Ok(())
@@ -179,7 +157,7 @@ impl Stacked {
 mod tests {
     use super::*;
     use crate::gguf::test_writer::GgufWriter;
-    use crate::kernels::norm::NormWeight;
+    use crate::kernels::norm::{NormWeight, RmsNorm};
     use crate::kernels::testing::{Rng, assert_close, gpu};
     use crate::quant::random_rows;
 
@@ -239,7 +217,7 @@ mod tests {
                 .forward(
                     ctx,
                     &mut encoder,
-                    StackInput::Normed(&x_gpu, norm),
+                    MatmulInput::Normed(&x_gpu, norm),
                     &outputs.iter().collect::<Vec<_>>(),
                 )
                 .unwrap();

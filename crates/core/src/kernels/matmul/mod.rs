@@ -1,6 +1,11 @@
 //! Quantized matrix × vector and matrix × matrix (`shaders/matmul.wgsl`): `y = x · Wᵀ` with W
 //! a [`QuantMatrix`] in any [`QuantType`], decoded inside the kernel by the type's block
 //! decoder from `shaders/quant/`; f32 activations, f32 sums.
+//!
+//! One entry point, [`matmul`]: a [`MatmulInput`] says how the kernel reads x (as it is,
+//! normalised, gated, or joined with a residual stream) and a [`MatmulOutput`] where the rows
+//! go (written, added, or split among a stacked weight's parts). The device's variant comes
+//! from `tuning::matmul_variant`.
 
 use crate::Result;
 use crate::gpu::{Encoder, GpuContext, KernelSource, QuantMatrix, Tensor, UNIFORM_WINDOW_BYTES};
@@ -91,31 +96,37 @@ impl Variant {
         if self.tiled { TILED_ROWS } else { self.wg_size / self.threads_per_row * self.row_tile }
     }
 
-    fn source(self, quant: QuantType, textures: bool, input: Input, outputs: Outputs) -> KernelSource {
+    fn source(
+        self,
+        quant: QuantType,
+        textures: bool,
+        input: MatmulInput,
+        outputs: MatmulOutput,
+    ) -> KernelSource {
         let cols = input.x().shape().last().copied().unwrap_or(0) as u32;
         let (gate, norm) = match input {
-            Input::Plain(_) => (None, None),
-            Input::Gated(gated) => (Some(gated.activation), None),
-            Input::Normed(_, norm) => (None, Some(norm.convention)),
-            Input::Residual(residual) => (None, Some(residual.convention)),
+            MatmulInput::Plain(_) => (None, None),
+            MatmulInput::Gated(gated) => (Some(gated.activation), None),
+            MatmulInput::Normed(_, norm) => (None, Some(norm.convention)),
+            MatmulInput::Residual(residual) => (None, Some(residual.convention)),
         };
         let family: &[&'static str] = if gate.is_some() { &[ACTIVATION_SOURCE, SOURCE] } else { &[SOURCE] };
         QuantMatrix::kernel_source(quant, textures, "matmul", family)
             .define("NORMED", norm.is_some())
             .define("NORM_ONE_PLUS", norm == Some(NormWeight::OnePlus))
-            .define("RESIDUAL", matches!(input, Input::Residual(_)))
+            .define("RESIDUAL", matches!(input, MatmulInput::Residual(_)))
             // After y, params (3) and the other outputs.
             .define("NORM_BINDING", format!("{}u", 3 + outputs.tensors().len()))
             .define(
                 "NORM_VEC4S",
-                format!("{}u", cols / 4 * if matches!(input, Input::Residual(_)) { 2 } else { 1 }),
+                format!("{}u", cols / 4 * if matches!(input, MatmulInput::Residual(_)) { 2 } else { 1 }),
             )
             .define("GATED", gate.is_some())
             .define("GATE_SILU", gate == Some(GatedActivation::Silu))
             .define("GATE_GELU", gate == Some(GatedActivation::GeluTanh))
-            .define("SPLIT", matches!(outputs, Outputs::Split(..)))
-            .define("THIRD", matches!(outputs, Outputs::Split(_, _, Some(_))))
-            .define("ADD_TO_OUTPUT", matches!(outputs, Outputs::AddTo(_)))
+            .define("SPLIT", matches!(outputs, MatmulOutput::Split(_)))
+            .define("THIRD", matches!(outputs, MatmulOutput::Split([_, _, _])))
+            .define("ADD_TO_OUTPUT", matches!(outputs, MatmulOutput::AddTo(_)))
             .define("WG_SIZE", format!("{}u", self.wg_size))
             .define("THREADS_PER_ROW", format!("{}u", self.threads_per_row))
             .define("ROW_TILE", format!("{}u", self.row_tile))
@@ -195,21 +206,27 @@ pub struct ResidualInput<'a> {
 
 /// What a product reads as its activations.
 #[derive(Clone, Copy)]
-enum Input<'a> {
+pub enum MatmulInput<'a> {
+    /// x as it is, `[batch, cols]`.
     Plain(&'a Tensor),
-    Gated(GatedInput<'a>),
-    /// `x` RMS-normalised by `norm`, row by row, as the kernel loads it.
+    /// x RMS-normalised by the norm, row by row, as the kernel loads it: the norm's pass over
+    /// memory and its dispatch are saved.
     Normed(&'a Tensor, RmsNorm<'a>),
+    /// `activation(gate) * up`: a feed-forward layer's down projection with its gated
+    /// activation computed in the same pass.
+    Gated(GatedInput<'a>),
+    /// `norm(residual + post_norm(sublayer))`, the sum stored for the layers after (see
+    /// [`ResidualInput`]).
     Residual(ResidualInput<'a>),
 }
 
-impl<'a> Input<'a> {
+impl<'a> MatmulInput<'a> {
     /// The tensor whose shape is the activations', bound as `x`.
     fn x(self) -> &'a Tensor {
         match self {
-            Input::Plain(x) | Input::Normed(x, _) => x,
-            Input::Gated(gated) => gated.gate,
-            Input::Residual(residual) => residual.residual,
+            MatmulInput::Plain(x) | MatmulInput::Normed(x, _) => x,
+            MatmulInput::Gated(gated) => gated.gate,
+            MatmulInput::Residual(residual) => residual.residual,
         }
     }
 
@@ -217,167 +234,56 @@ impl<'a> Input<'a> {
     /// input's up projection or a residual input's sublayer.
     fn windowed(self) -> Vec<&'a Tensor> {
         match self {
-            Input::Plain(x) | Input::Normed(x, _) => vec![x],
-            Input::Gated(gated) => vec![gated.gate, gated.up],
-            Input::Residual(residual) => vec![residual.residual, residual.sublayer],
+            MatmulInput::Plain(x) | MatmulInput::Normed(x, _) => vec![x],
+            MatmulInput::Gated(gated) => vec![gated.gate, gated.up],
+            MatmulInput::Residual(residual) => vec![residual.residual, residual.sublayer],
         }
     }
 
     fn eps(self) -> f32 {
         match self {
-            Input::Normed(_, norm) => norm.eps,
-            Input::Residual(residual) => residual.eps,
-            Input::Plain(_) | Input::Gated(_) => 0.0,
+            MatmulInput::Normed(_, norm) => norm.eps,
+            MatmulInput::Residual(residual) => residual.eps,
+            MatmulInput::Plain(_) | MatmulInput::Gated(_) => 0.0,
         }
     }
 }
 
-/// Where the rows of a product go.
+/// Where the rows of a product go: `[batch, rows]` tensors with x's batch rows.
 #[derive(Clone, Copy)]
-enum Outputs<'a> {
+pub enum MatmulOutput<'a> {
     /// Every row to one tensor, overwriting it.
-    One(&'a Tensor),
-    /// Every row added to what one tensor holds.
+    Write(&'a Tensor),
+    /// Every row added to what one tensor holds, as a residual connection does.
     AddTo(&'a Tensor),
-    /// The rows of each part of a stacked weight to their own tensor: two or three.
-    Split(&'a Tensor, &'a Tensor, Option<&'a Tensor>),
+    /// The rows of each part of a weight stacked from two or three matrices
+    /// ([`QuantMatrix::upload_stacked`]) to their own tensor, in order, each `[batch, that
+    /// part's rows]`: one pass computes several projections of the same input.
+    Split(&'a [&'a Tensor]),
 }
 
-impl<'a> Outputs<'a> {
-    fn tensors(self) -> Vec<&'a Tensor> {
+impl<'a> MatmulOutput<'a> {
+    fn tensors(&self) -> &[&'a Tensor] {
         match self {
-            Outputs::One(y) | Outputs::AddTo(y) => vec![y],
-            Outputs::Split(a, b, c) => [Some(a), Some(b), c].into_iter().flatten().collect(),
+            MatmulOutput::Write(y) | MatmulOutput::AddTo(y) => std::slice::from_ref(y),
+            MatmulOutput::Split(parts) => parts,
         }
     }
 }
 
-/// Records `y[b, r] = Σ_k weight[r, k] · x[b, k]`: x is `[.., cols]`, y is `[.., rows]` with
-/// the same number of batch rows (all leading dimensions together). Batch 1 is a matrix ×
+/// Records `y[b, r] = Σ_k weight[r, k] · x[b, k]` for every batch row b of `input` (all leading
+/// dimensions together), x as `input` describes it, into `output`. Batch 1 is a matrix ×
 /// vector product; larger batches (prefill, batched decode) reuse each decoded weight for up
-/// to 16 batch rows (64 in GPUs' tiled kernel). One dispatch per chunk of the weight.
+/// to 16 batch rows (64 in GPUs' tiled kernel). One dispatch per chunk of the weight (and per
+/// uniform window of x where the device reads x so).
 pub fn matmul(
     ctx: &GpuContext,
     encoder: &mut Encoder,
     weight: &QuantMatrix,
-    x: &Tensor,
-    y: &Tensor,
+    input: MatmulInput<'_>,
+    output: MatmulOutput<'_>,
 ) -> Result<()> {
-    run(ctx, encoder, weight, Input::Plain(x), Outputs::One(y), None)
-}
-
-/// Records `y[b, r] += Σ_k weight[r, k] · x[b, k]`: [`matmul`] with its products added to y, as
-/// a residual connection does, in the same pass.
-pub fn matmul_add(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    x: &Tensor,
-    y: &Tensor,
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Plain(x), Outputs::AddTo(y), None)
-}
-
-/// Records `y[b, r] = Σ_k weight[r, k] · activation(gate[b, k]) · up[b, k]`: a feed-forward
-/// layer's down projection with its gated activation computed in the same pass.
-pub fn matmul_gated(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    input: &GatedInput<'_>,
-    y: &Tensor,
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Gated(*input), Outputs::One(y), None)
-}
-
-/// [`matmul_gated`] with its products added to y (the residual connection), in the same pass.
-pub fn matmul_gated_add(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    input: &GatedInput<'_>,
-    y: &Tensor,
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Gated(*input), Outputs::AddTo(y), None)
-}
-
-/// Records the products of a weight stacked from two or three matrices
-/// ([`QuantMatrix::upload_stacked`]) with the same x in one pass, the rows of each part into
-/// its own tensor of `outputs` (in order; each `[batch, that part's rows]`).
-pub fn matmul_split(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    x: &Tensor,
-    outputs: &[&Tensor],
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Plain(x), split_outputs(outputs)?, None)
-}
-
-fn split_outputs<'a>(outputs: &[&'a Tensor]) -> Result<Outputs<'a>> {
-    match *outputs {
-        [a, b] => Ok(Outputs::Split(a, b, None)),
-        [a, b, c] => Ok(Outputs::Split(a, b, Some(c))),
-        _ => Err(crate::Error::KernelArguments {
-            kernel: "matmul",
-            reason: format!("a split product has 2 or 3 outputs, not {}", outputs.len()),
-        }),
-    }
-}
-
-/// [`matmul`] of `x` normalised by `norm` (an RMSNorm over each row of x), normalised as the
-/// kernel loads it: the norm's pass over memory and its dispatch are saved.
-pub fn matmul_normed(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    norm: &RmsNorm<'_>,
-    x: &Tensor,
-    y: &Tensor,
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Normed(x, *norm), Outputs::One(y), None)
-}
-
-/// [`matmul_split`] of `x` normalised by `norm`, as [`matmul_normed`] does.
-pub fn matmul_split_normed(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    norm: &RmsNorm<'_>,
-    x: &Tensor,
-    outputs: &[&Tensor],
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Normed(x, *norm), split_outputs(outputs)?, None)
-}
-
-/// [`matmul`] of a residual input: `y = norm(residual + post_norm(sublayer)) · Wᵀ`, the sum
-/// stored in `input.sum` (see [`ResidualInput`]).
-pub fn matmul_residual(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    input: &ResidualInput<'_>,
-    y: &Tensor,
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Residual(*input), Outputs::One(y), None)
-}
-
-/// [`matmul_split`] of a residual input, as [`matmul_residual`] does.
-pub fn matmul_split_residual(
-    ctx: &GpuContext,
-    encoder: &mut Encoder,
-    weight: &QuantMatrix,
-    input: &ResidualInput<'_>,
-    outputs: &[&Tensor],
-) -> Result<()> {
-    run(ctx, encoder, weight, Input::Residual(*input), split_outputs(outputs)?, None)
-}
-
-/// Whether a product of `batch` rows should take a [`ResidualInput`] rather than a joint
-/// pass before it ([`crate::kernels::norm::rms_norm_residual`]) on this device, as
-/// `tuning::fuses_residual_input` decides.
-pub fn fuses_residual_input(ctx: &GpuContext, batch: usize) -> bool {
-    tuning::fuses_residual_input(ctx.device_class(), batch)
+    run(ctx, encoder, weight, input, output, None)
 }
 
 /// Checks the arguments and records the product through `variant`, or the device's choice.
@@ -385,8 +291,8 @@ fn run(
     ctx: &GpuContext,
     encoder: &mut Encoder,
     weight: &QuantMatrix,
-    input: Input,
-    outputs: Outputs,
+    input: MatmulInput,
+    outputs: MatmulOutput,
     variant: Option<Variant>,
 ) -> Result<()> {
     let batch = batch_rows(weight, input, outputs)?;
@@ -396,15 +302,15 @@ fn run(
 }
 
 /// Checks that x and the outputs fit the weight; returns the number of batch rows.
-fn batch_rows(weight: &QuantMatrix, input: Input, outputs: Outputs) -> Result<usize> {
+fn batch_rows(weight: &QuantMatrix, input: MatmulInput, outputs: MatmulOutput) -> Result<usize> {
     let (rows, cols) = (weight.rows(), weight.cols());
     let x = input.x();
-    if let Input::Gated(gated) = input {
+    if let MatmulInput::Gated(gated) = input {
         ensure("matmul", gated.up.shape() == gated.gate.shape(), || {
             format!("gate {:?} and up {:?} must have the same shape", gated.gate.shape(), gated.up.shape())
         })?;
     }
-    if let Input::Normed(_, norm) = input {
+    if let MatmulInput::Normed(_, norm) = input {
         ensure("matmul", norm.weight.shape() == [cols], || {
             format!(
                 "the norm's weight is {:?}, but weight '{}' has {cols} columns",
@@ -413,7 +319,7 @@ fn batch_rows(weight: &QuantMatrix, input: Input, outputs: Outputs) -> Result<us
             )
         })?;
     }
-    if let Input::Residual(residual) = input {
+    if let MatmulInput::Residual(residual) = input {
         let shape = residual.residual.shape();
         ensure(
             "matmul",
@@ -437,11 +343,16 @@ fn batch_rows(weight: &QuantMatrix, input: Input, outputs: Outputs) -> Result<us
             || "a residual input's sum must go to another tensor than the residual and the sublayer".into(),
         )?;
     }
+    if let MatmulOutput::Split(parts) = outputs {
+        ensure("matmul", (2..=3).contains(&parts.len()), || {
+            format!("a split product has 2 or 3 outputs, not {}", parts.len())
+        })?;
+    }
     let batch = x.len() / cols;
     let tensors = outputs.tensors();
     let widths: Vec<usize> = match outputs {
-        Outputs::Split(..) => weight.part_rows().to_vec(),
-        Outputs::One(_) | Outputs::AddTo(_) => vec![rows],
+        MatmulOutput::Split(..) => weight.part_rows().to_vec(),
+        MatmulOutput::Write(_) | MatmulOutput::AddTo(_) => vec![rows],
     };
     let fits = tensors.len() == widths.len()
         && tensors.iter().zip(&widths).all(|(y, &w)| y.shape().last() == Some(&w) && y.len() == batch * w);
@@ -461,8 +372,8 @@ fn record(
     ctx: &GpuContext,
     encoder: &mut Encoder,
     weight: &QuantMatrix,
-    input: Input,
-    outputs: Outputs,
+    input: MatmulInput,
+    outputs: MatmulOutput,
     batch: usize,
     variant: Variant,
 ) -> Result<()> {
@@ -538,14 +449,14 @@ fn record(
             // the norm's weight (a residual input's two, then its sublayer and sum).
             bindings.extend(tensors[1..].iter().map(|y| y.binding()));
             match input {
-                Input::Gated(gated) => bindings.push(x_binding(gated.up, x_offset, window_bytes)),
-                Input::Normed(_, norm) => bindings.push(norm.weight.binding()),
-                Input::Residual(residual) => bindings.extend([
+                MatmulInput::Gated(gated) => bindings.push(x_binding(gated.up, x_offset, window_bytes)),
+                MatmulInput::Normed(_, norm) => bindings.push(norm.weight.binding()),
+                MatmulInput::Residual(residual) => bindings.extend([
                     residual.norm_weights.binding(),
                     x_binding(residual.sublayer, x_offset, window_bytes),
                     residual.sum.binding(),
                 ]),
-                Input::Plain(_) => {}
+                MatmulInput::Plain(_) => {}
             }
             let groups = [gx, gy, rows_here.div_ceil(variant.batch_tile as usize) as u32];
             ctx.dispatch(encoder, &source, &bindings, groups)?;

@@ -180,7 +180,8 @@ fn check(
     let y_gpu = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
     y_gpu.fill_bits(ctx, POISON);
     let mut encoder = ctx.encoder("test");
-    run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), Outputs::One(&y_gpu), variant).unwrap();
+    run(ctx, &mut encoder, &weight, MatmulInput::Plain(&x_gpu), MatmulOutput::Write(&y_gpu), variant)
+        .unwrap();
     ctx.submit(encoder).unwrap();
     let got = pollster::block_on(y_gpu.to_f32(ctx)).unwrap();
     let what = format!("{quant} {rows}x{cols} batch {batch}, {} chunks, {variant:?}", weight.chunk_count());
@@ -287,7 +288,15 @@ fn normed_input_matches_reference() {
             let y = Tensor::empty(ctx, "y", &[batch, rows]).unwrap();
             y.fill_bits(ctx, POISON);
             let mut encoder = ctx.encoder("test");
-            run(ctx, &mut encoder, &weight, Input::Normed(&x_gpu, norm), Outputs::One(&y), variant).unwrap();
+            run(
+                ctx,
+                &mut encoder,
+                &weight,
+                MatmulInput::Normed(&x_gpu, norm),
+                MatmulOutput::Write(&y),
+                variant,
+            )
+            .unwrap();
             ctx.submit(encoder).unwrap();
             let got = pollster::block_on(y.to_f32(ctx)).unwrap();
             let (expected, magnitude) = reference(quant, rows, cols, &bytes, &normed);
@@ -308,8 +317,9 @@ fn normed_input_matches_reference() {
             let ys: Vec<Tensor> =
                 [5, 9, 3].iter().map(|&r| Tensor::empty(ctx, "y", &[2, r]).unwrap()).collect();
             let mut encoder = ctx.encoder("test");
-            matmul_split_normed(ctx, &mut encoder, &weight, &norm, &x_gpu, &ys.iter().collect::<Vec<_>>())
-                .unwrap();
+            let outputs = ys.iter().collect::<Vec<_>>();
+            let (input, output) = (MatmulInput::Normed(&x_gpu, norm), MatmulOutput::Split(&outputs));
+            matmul(ctx, &mut encoder, &weight, input, output).unwrap();
             ctx.submit(encoder).unwrap();
             let normed = norm_reference(&x, &gamma, NormWeight::Scale, eps);
             for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
@@ -321,8 +331,8 @@ fn normed_input_matches_reference() {
             // A norm weight of the wrong length is refused.
             let short = Tensor::from_slice(ctx, "gamma", &[cols - 8], &gamma[..cols - 8]).unwrap();
             let bad = RmsNorm { weight: &short, convention: NormWeight::Scale, eps };
-            let err =
-                matmul_normed(ctx, &mut ctx.encoder("test"), &weight, &bad, &x_gpu, &ys[0]).unwrap_err();
+            let (input, output) = (MatmulInput::Normed(&x_gpu, bad), MatmulOutput::Write(&ys[0]));
+            let err = matmul(ctx, &mut ctx.encoder("test"), &weight, input, output).unwrap_err();
             assert!(err.to_string().contains("norm's weight"), "{err}");
         }
     }
@@ -394,11 +404,19 @@ fn residual_input_matches_reference() {
             ys.iter().for_each(|y| y.fill_bits(ctx, POISON));
             let mut encoder = ctx.encoder("test");
             if split {
-                matmul_split_residual(ctx, &mut encoder, &weight, &input, &ys.iter().collect::<Vec<_>>())
-                    .unwrap();
+                let outputs = ys.iter().collect::<Vec<_>>();
+                let output = MatmulOutput::Split(&outputs);
+                matmul(ctx, &mut encoder, &weight, MatmulInput::Residual(input), output).unwrap();
             } else {
-                run(ctx, &mut encoder, &weight, Input::Residual(input), Outputs::One(&ys[0]), variant)
-                    .unwrap();
+                run(
+                    ctx,
+                    &mut encoder,
+                    &weight,
+                    MatmulInput::Residual(input),
+                    MatmulOutput::Write(&ys[0]),
+                    variant,
+                )
+                .unwrap();
             }
             ctx.submit(encoder).unwrap();
             let what = format!(
@@ -414,10 +432,12 @@ fn residual_input_matches_reference() {
             }
             // The sum may not overwrite an input; norm weights must be [2, cols].
             let bad = ResidualInput { sum: &residual_gpu, ..input };
-            let err = matmul_residual(ctx, &mut ctx.encoder("test"), &weight, &bad, &ys[0]);
+            let output = MatmulOutput::Write(&ys[0]);
+            let err = matmul(ctx, &mut ctx.encoder("test"), &weight, MatmulInput::Residual(bad), output);
             assert!(err.is_err_and(|e| e.to_string().contains("another tensor")));
             let bad = ResidualInput { norm_weights: &sublayer_gpu, ..input };
-            let err = matmul_residual(ctx, &mut ctx.encoder("test"), &weight, &bad, &ys[0]);
+            let output = MatmulOutput::Write(&ys[0]);
+            let err = matmul(ctx, &mut ctx.encoder("test"), &weight, MatmulInput::Residual(bad), output);
             assert!(
                 err.is_err_and(
                     |e| e.to_string().contains("norm weights [2, ") && !e.to_string().contains("  ")
@@ -483,8 +503,9 @@ fn split_and_added_outputs_match_reference() {
                     part_rows.iter().map(|&r| Tensor::empty(ctx, "y", &[batch, r]).unwrap()).collect();
                 ys.iter().for_each(|y| y.fill_bits(ctx, POISON));
                 let mut encoder = ctx.encoder("test");
-                let outputs = split_outputs(&ys.iter().collect::<Vec<_>>()).unwrap();
-                run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), outputs, variant).unwrap();
+                let outputs = ys.iter().collect::<Vec<_>>();
+                let output = MatmulOutput::Split(&outputs);
+                run(ctx, &mut encoder, &weight, MatmulInput::Plain(&x_gpu), output, variant).unwrap();
                 ctx.submit(encoder).unwrap();
                 for (p, (y, bytes)) in ys.iter().zip(&parts).enumerate() {
                     let got = pollster::block_on(y.to_f32(ctx)).unwrap();
@@ -524,7 +545,8 @@ fn split_and_added_outputs_match_reference() {
             y.fill_bits(ctx, POISON);
             let mut encoder = ctx.encoder("test");
             let input = GatedInput { activation, gate: &gate_gpu, up: &up_gpu };
-            run(ctx, &mut encoder, &weight, Input::Gated(input), Outputs::One(&y), variant).unwrap();
+            run(ctx, &mut encoder, &weight, MatmulInput::Gated(input), MatmulOutput::Write(&y), variant)
+                .unwrap();
             ctx.submit(encoder).unwrap();
             let got = pollster::block_on(y.to_f32(ctx)).unwrap();
             let (expected, magnitude) = reference(quant, rows, cols, &bytes, &x);
@@ -534,7 +556,8 @@ fn split_and_added_outputs_match_reference() {
             let before = rng.f32s(batch * rows, -4.0, 4.0);
             let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
             let mut encoder = ctx.encoder("test");
-            run(ctx, &mut encoder, &weight, Input::Gated(input), Outputs::AddTo(&y), variant).unwrap();
+            run(ctx, &mut encoder, &weight, MatmulInput::Gated(input), MatmulOutput::AddTo(&y), variant)
+                .unwrap();
             ctx.submit(encoder).unwrap();
             let got = pollster::block_on(y.to_f32(ctx)).unwrap();
             let (expected, magnitude) = added(&expected, &magnitude, &before);
@@ -549,7 +572,8 @@ fn split_and_added_outputs_match_reference() {
         let x_gpu = Tensor::from_slice(ctx, "x", &[batch, cols], &x).unwrap();
         let y = Tensor::from_slice(ctx, "y", &[batch, rows], &before).unwrap();
         let mut encoder = ctx.encoder("test");
-        run(ctx, &mut encoder, &weight, Input::Plain(&x_gpu), Outputs::AddTo(&y), variant).unwrap();
+        run(ctx, &mut encoder, &weight, MatmulInput::Plain(&x_gpu), MatmulOutput::AddTo(&y), variant)
+            .unwrap();
         ctx.submit(encoder).unwrap();
         let got = pollster::block_on(y.to_f32(ctx)).unwrap();
         let (product, magnitude) = reference(quant, rows, cols, &bytes, &x);
@@ -574,12 +598,17 @@ fn mismatched_shapes_are_errors() {
     let x = Tensor::empty(ctx, "x", &[3, 64]).unwrap();
     for y_shape in [[3usize, 8], [2, 7]] {
         let y = Tensor::empty(ctx, "y", &y_shape).unwrap();
-        let err = matmul(ctx, &mut ctx.encoder("test"), &weight, &x, &y).unwrap_err();
+        let err =
+            matmul(ctx, &mut ctx.encoder("test"), &weight, MatmulInput::Plain(&x), MatmulOutput::Write(&y))
+                .unwrap_err();
         assert!(err.to_string().contains("'w' is 7 x 64"), "{err}");
     }
     let x = Tensor::empty(ctx, "x", &[3, 32]).unwrap();
     let y = Tensor::empty(ctx, "y", &[3, 7]).unwrap();
-    assert!(matmul(ctx, &mut ctx.encoder("test"), &weight, &x, &y).is_err());
+    assert!(
+        matmul(ctx, &mut ctx.encoder("test"), &weight, MatmulInput::Plain(&x), MatmulOutput::Write(&y))
+            .is_err()
+    );
     // Split outputs must match the stacked parts, in number and in rows.
     let stacked =
         QuantMatrix::upload_stacked(ctx, "qkv", QuantType::Q8_0, 64, &[&bytes[..2 * 68], &bytes[2 * 68..]])
@@ -590,12 +619,15 @@ fn mismatched_shapes_are_errors() {
         Tensor::empty(ctx, "b", &[3, 5]).unwrap(),
         Tensor::empty(ctx, "c", &[3, 7]).unwrap(),
     );
-    assert!(matmul_split(ctx, &mut ctx.encoder("test"), &stacked, &x, &[&y2, &y5]).is_ok());
+    let split = |weight: &QuantMatrix, outputs: &[&Tensor]| {
+        matmul(ctx, &mut ctx.encoder("test"), weight, MatmulInput::Plain(&x), MatmulOutput::Split(outputs))
+    };
+    assert!(split(&stacked, &[&y2, &y5]).is_ok());
     for outputs in [&[&y5, &y2][..], &[&y2, &y5, &y5], &[&y7]] {
-        let err = matmul_split(ctx, &mut ctx.encoder("test"), &stacked, &x, outputs).unwrap_err();
+        let err = split(&stacked, outputs).unwrap_err();
         assert!(err.to_string().contains("'qkv'") || err.to_string().contains("2 or 3"), "{err}");
     }
-    assert!(matmul_split(ctx, &mut ctx.encoder("test"), &weight, &x, &[&y2, &y5]).is_err());
+    assert!(split(&weight, &[&y2, &y5]).is_err());
 }
 
 #[test]
@@ -649,19 +681,19 @@ fn every_variant_validates() {
             });
         }
         for (variant, textures) in variants.into_iter().flat_map(|v| [(v, false), (v, true)]) {
-            let plain = Input::Plain(&y);
-            validate_wgsl(&variant.source(quant, textures, plain, Outputs::One(&y)));
-            validate_wgsl(&variant.source(quant, textures, plain, Outputs::Split(&y, &y, None)));
-            validate_wgsl(&variant.source(quant, textures, plain, Outputs::Split(&y, &y, Some(&y))));
+            let plain = MatmulInput::Plain(&y);
+            validate_wgsl(&variant.source(quant, textures, plain, MatmulOutput::Write(&y)));
+            validate_wgsl(&variant.source(quant, textures, plain, MatmulOutput::Split(&[&y, &y])));
+            validate_wgsl(&variant.source(quant, textures, plain, MatmulOutput::Split(&[&y, &y, &y])));
             for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
-                let gated = Input::Gated(GatedInput { activation, gate: &y, up: &y });
-                validate_wgsl(&variant.source(quant, textures, gated, Outputs::AddTo(&y)));
+                let gated = MatmulInput::Gated(GatedInput { activation, gate: &y, up: &y });
+                validate_wgsl(&variant.source(quant, textures, gated, MatmulOutput::AddTo(&y)));
             }
             for convention in [NormWeight::Scale, NormWeight::OnePlus] {
-                let normed = Input::Normed(&y, RmsNorm { weight: &y, convention, eps: 1e-6 });
-                validate_wgsl(&variant.source(quant, textures, normed, Outputs::One(&y)));
-                validate_wgsl(&variant.source(quant, textures, normed, Outputs::Split(&y, &y, None)));
-                validate_wgsl(&variant.source(quant, textures, normed, Outputs::Split(&y, &y, Some(&y))));
+                let normed = MatmulInput::Normed(&y, RmsNorm { weight: &y, convention, eps: 1e-6 });
+                validate_wgsl(&variant.source(quant, textures, normed, MatmulOutput::Write(&y)));
+                validate_wgsl(&variant.source(quant, textures, normed, MatmulOutput::Split(&[&y, &y])));
+                validate_wgsl(&variant.source(quant, textures, normed, MatmulOutput::Split(&[&y, &y, &y])));
             }
         }
     }
@@ -687,8 +719,16 @@ fn timing() {
             let run = |reps: usize| {
                 let mut encoder = ctx.encoder("timing");
                 for _ in 0..reps {
-                    record(ctx, &mut encoder, &weight, Input::Plain(&x), Outputs::One(&y), batch, variant)
-                        .unwrap();
+                    record(
+                        ctx,
+                        &mut encoder,
+                        &weight,
+                        MatmulInput::Plain(&x),
+                        MatmulOutput::Write(&y),
+                        batch,
+                        variant,
+                    )
+                    .unwrap();
                 }
                 ctx.submit(encoder).unwrap();
                 pollster::block_on(y.to_f32(ctx)).unwrap();
@@ -708,7 +748,7 @@ fn timing() {
 
 /// Prints the time of gemma3's 4096 x 640 Q5_0 gate/up product with a plain, a normalised
 /// and a residual input, through the device's own tile and others (min of 3 alternating runs
-/// of 5): what [`fuses_residual_input`] is set from. Run with `cargo test --release -p
+/// of 5): what `tuning::fuses_residual_input` is set from. Run with `cargo test --release -p
 /// flint-core --lib kernels::matmul::tests::timing_inputs -- --ignored --nocapture`.
 #[test]
 #[ignore = "timing print, run by hand in a release build"]
@@ -736,15 +776,15 @@ fn timing_inputs() {
             sum: &sum,
         };
         let inputs = [
-            ("plain", Input::Plain(&x)),
-            ("normed", Input::Normed(&x, norm)),
-            ("residual", Input::Residual(residual)),
+            ("plain", MatmulInput::Plain(&x)),
+            ("normed", MatmulInput::Normed(&x, norm)),
+            ("residual", MatmulInput::Residual(residual)),
         ];
         // The device's own tile, then others, for each input: the best tile of one input
         // need not be another's.
         let chosen = tuning::matmul_variant(ctx, quant, rows, cols, batch);
         let tiles = [(chosen.row_tile, chosen.batch_tile), (2, 2), (2, 4), (4, 2), (4, 4), (1, 8)];
-        let mut cases: Vec<(&str, Input, Variant, f64)> = Vec::new();
+        let mut cases: Vec<(&str, MatmulInput, Variant, f64)> = Vec::new();
         for (row_tile, batch_tile) in tiles.into_iter().filter(|&(_, t)| t as usize <= batch) {
             for &(name, input) in &inputs {
                 cases.push((name, input, Variant { row_tile, batch_tile, ..chosen }, f64::MAX));
@@ -755,7 +795,7 @@ fn timing_inputs() {
                 let run = |reps: usize| {
                     let mut encoder = ctx.encoder("timing");
                     for _ in 0..reps {
-                        record(ctx, &mut encoder, &weight, *input, Outputs::One(&y), batch, *variant)
+                        record(ctx, &mut encoder, &weight, *input, MatmulOutput::Write(&y), batch, *variant)
                             .unwrap();
                     }
                     ctx.submit(encoder).unwrap();
@@ -826,7 +866,7 @@ fn timing_sweep() {
                 let record_times = |times: usize| -> Result<()> {
                     let mut encoder = ctx.encoder("timing");
                     for _ in 0..times {
-                        let (input, outputs) = (Input::Plain(&x), Outputs::One(&y));
+                        let (input, outputs) = (MatmulInput::Plain(&x), MatmulOutput::Write(&y));
                         record(ctx, &mut encoder, &weight, input, outputs, batch, variant)?;
                     }
                     ctx.submit(encoder)
