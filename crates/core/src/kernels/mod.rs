@@ -14,7 +14,7 @@ pub mod norm;
 pub mod rope;
 pub mod sample;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "kernel-timing"))]
 pub(crate) mod testing;
 
 /// Checks a kernel argument, returning a [`crate::Error::KernelArguments`] that names the kernel.

@@ -1,10 +1,12 @@
-//! Shared pieces of the kernel tests: the GPU, seeded random inputs, poison, error bounds.
+//! Shared pieces of the kernel tests: the GPU, seeded random inputs, poison, error bounds. The
+//! kernel timings (feature `kernel-timing`) use the devices and the random inputs.
+#![cfg_attr(not(test), allow(dead_code))]
 
 use std::sync::{Arc, OnceLock};
 
 use rand::{Rng as _, SeedableRng};
 
-use crate::gpu::{GpuContext, GpuOptions, KernelSource};
+use crate::gpu::{GpuContext, GpuOptions};
 
 /// NaN bit pattern written into outputs before a kernel runs: an element it fails to write
 /// stays NaN and fails every comparison.
@@ -98,7 +100,8 @@ pub fn assert_close(what: &str, actual: &[f32], expected: &[f32], tol: f32) {
 
 /// Parses and validates a kernel variant with naga on the CPU, as wgpu's own tests do: catches a
 /// broken define set even where no test dispatches it.
-pub fn validate_wgsl(source: &KernelSource) {
+#[cfg(test)]
+pub fn validate_wgsl(source: &crate::gpu::KernelSource) {
     let wgsl = source.wgsl();
     let module = naga::front::wgsl::parse_str(&wgsl)
         .unwrap_or_else(|e| panic!("{}: {}", source.entry, e.emit_to_string(&wgsl)));

@@ -186,7 +186,7 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
 
 /// Rows of random blocks for GPU tests: random bytes with every f16 scale (and every f16 / bf16
 /// / f32 weight) replaced by a finite value, so no NaN or Inf reaches a comparison.
-#[cfg(test)]
+#[cfg(any(test, feature = "kernel-timing"))]
 pub(crate) fn random_rows(
     quant: QuantType,
     rows: usize,

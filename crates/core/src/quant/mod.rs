@@ -7,7 +7,7 @@ mod dequant;
 mod widen;
 
 pub use dequant::dequantize_row;
-#[cfg(test)]
+#[cfg(any(test, feature = "kernel-timing"))]
 pub(crate) use dequant::random_rows;
 pub(crate) use widen::widen_to_q8_0;
 

@@ -909,3 +909,7 @@ fn prefill_tile_keys(head_dim: usize) -> u32 {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(feature = "kernel-timing")]
+#[doc(hidden)]
+pub mod timing;

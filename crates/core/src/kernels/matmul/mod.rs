@@ -467,3 +467,7 @@ fn record(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(feature = "kernel-timing")]
+#[doc(hidden)]
+pub mod timing;
