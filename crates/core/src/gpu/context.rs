@@ -142,7 +142,14 @@ pub struct GpuContext {
     /// Released tensors', parameters' and readback buffers, for reuse.
     pub(crate) buffers: Arc<BufferPool>,
     /// The textures [`GpuContext::scratch_textures`] hands out, and the words each holds.
-    scratch_textures: Mutex<Option<(usize, [wgpu::Texture; 2])>>,
+    scratch_textures: Mutex<Option<(usize, [ScratchTexture; 2])>>,
+}
+
+/// A texture of [`GpuContext::scratch_textures`] and its view.
+#[derive(Clone)]
+pub(crate) struct ScratchTexture {
+    pub(crate) texture: wgpu::Texture,
+    pub(crate) view: wgpu::TextureView,
 }
 
 const NO_ADAPTER_HELP: &str = "no GPU adapter found. flint needs a GPU with Vulkan, Metal, DX12 or \
@@ -228,16 +235,28 @@ impl GpuContext {
     /// a buffer faster through a texture (on lavapipe a storage load is a loop over the lanes,
     /// a texture load a gather). Every user records a copy into them before the dispatch that
     /// reads them, so sharing them is safe in command order. None where `words` needs more rows
-    /// than the device's textures may have.
-    pub(crate) fn scratch_textures(&self, words: usize) -> Option<[wgpu::Texture; 2]> {
+    /// than the device's textures may have. Each comes with its view, the same from call to call
+    /// too, so that the bind groups naming it are found again.
+    pub(crate) fn scratch_textures(&self, words: usize) -> Option<[ScratchTexture; 2]> {
         if crate::gpu::weight::words_texture_rows(words) > self.limits.max_texture_dimension_2d {
             return None;
         }
         let mut scratch = self.scratch_textures.lock().unwrap_or_else(|e| e.into_inner());
         match &*scratch {
             Some((held, textures)) if *held >= words => Some(textures.clone()),
-            _ => {
-                let make = |label| crate::gpu::weight::words_texture(self, label, words);
+            held => {
+                // At least twice what was held, where that fits: a KV cache filling up then
+                // replaces them (and the bind groups naming them) a few times, not every block.
+                let doubled = held.as_ref().map_or(0, |(held, _)| held * 2);
+                let fits = |words| {
+                    crate::gpu::weight::words_texture_rows(words) <= self.limits.max_texture_dimension_2d
+                };
+                let words = if fits(doubled) { words.max(doubled) } else { words };
+                let make = |label| {
+                    let texture = crate::gpu::weight::words_texture(self, label, words);
+                    let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+                    ScratchTexture { texture, view }
+                };
                 let textures = [make("flint scratch texture 0"), make("flint scratch texture 1")];
                 *scratch = Some((words, textures.clone()));
                 Some(textures)

@@ -10,9 +10,11 @@
 //! the first wrote: each dispatch is its own usage scope.
 
 use std::num::NonZeroU64;
+use std::sync::Arc;
 
 use crate::Result;
 use crate::gpu::GpuContext;
+use crate::gpu::bind_groups::BindGroupCache;
 use crate::gpu::pool::{OpenEncoder, PooledBuffer};
 
 /// Bytes of one parameter block: room for a decode step's ~150 dispatches at a 256-byte
@@ -30,6 +32,8 @@ pub struct Encoder {
     alignment: u64,
     /// Holds back buffers released while this records, until it is submitted or dropped.
     open: OpenEncoder,
+    /// Where dispatches find and keep their bind groups, if the owner keeps them.
+    bind_groups: Option<Arc<BindGroupCache>>,
 }
 
 /// Part of a uniform buffer, filled on the CPU while dispatches are recorded and written to the
@@ -70,7 +74,19 @@ impl Encoder {
             params: Vec::new(),
             alignment: alignment.max(16),
             open: ctx.buffers.open_encoder(),
+            bind_groups: None,
         }
+    }
+
+    /// Makes this encoder's dispatches find their bind groups in `cache` and keep new ones
+    /// there; the cache's pass ends when this is submitted.
+    pub fn keep_bind_groups(&mut self, cache: Arc<BindGroupCache>) {
+        self.bind_groups = Some(cache);
+    }
+
+    /// The cache this encoder's dispatches use, if any.
+    pub(crate) fn bind_groups(&self) -> Option<&BindGroupCache> {
+        self.bind_groups.as_deref()
     }
 
     /// A place for `data` (a kernel's parameters) in this encoder's parameter buffer.
@@ -155,8 +171,11 @@ impl Encoder {
     /// Writes the parameters (ahead of the commands, in queue order) and finishes the commands;
     /// the encoder counts as open until the returned guard is dropped, after the submission.
     pub(crate) fn finish(self, queue: &wgpu::Queue) -> (wgpu::CommandBuffer, OpenEncoder) {
-        let Encoder { raw, pass, params, open, .. } = self;
+        let Encoder { raw, pass, params, open, bind_groups, .. } = self;
         drop(pass);
+        if let Some(cache) = bind_groups {
+            cache.end_pass();
+        }
         for block in &params {
             queue.write_buffer(block.buffer.buffer(), 0, &block.bytes);
         }

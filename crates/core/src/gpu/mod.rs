@@ -3,6 +3,7 @@
 //! Kernels never see requests and the engine never sees WGSL: launchers in
 //! [`crate::kernels`] take a context, [`Tensor`]s and an [`Encoder`], and record dispatches.
 
+mod bind_groups;
 mod context;
 mod encoder;
 mod memory;
@@ -14,6 +15,7 @@ mod tensor;
 pub(crate) mod weight;
 
 pub use crate::tuning::DeviceClass;
+pub use bind_groups::BindGroupCache;
 pub use context::{CreatedObjects, DeviceDescription, GpuContext, GpuFeatures, GpuOptions, WeightStorage};
 pub use encoder::{Encoder, ParamsSlot};
 pub use pipeline::{KernelSource, preprocess};

@@ -151,12 +151,18 @@ impl GpuContext {
             .enumerate()
             .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource: resource.clone() })
             .collect();
-        self.created_bind_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let bind_group = self.device().create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(source.entry),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        let create = || {
+            self.created_bind_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.device().create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(source.entry),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            })
+        };
+        let bind_group = match encoder.bind_groups() {
+            Some(cache) => cache.get_or_create(&pipeline, resources, create),
+            None => create(),
+        };
         let record = |pass: &mut wgpu::ComputePass<'_>| {
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);

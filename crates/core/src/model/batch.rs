@@ -131,7 +131,9 @@ impl Step {
             }
         }
         // One row of block ids per chunk, padded with block 0 (never read: the kernels stop at
-        // each row's own positions).
+        // each row's own positions) to a power of two: the table's shape, and with it the bind
+        // groups that name it, then change at doublings, not at every block a sequence grows by.
+        let max_blocks = max_blocks.next_power_of_two();
         let mut block_table = vec![0u32; chunks.len() * max_blocks];
         for (row, chunk) in block_table.chunks_exact_mut(max_blocks).zip(chunks) {
             let used = (chunk.first_position + chunk.tokens.len()).div_ceil(block_size);

@@ -47,7 +47,7 @@ pub use batch::{LogitRows, SequenceChunk};
 pub use config::{Architecture, ModelConfig, RopeSettings, SlidingWindowLayers};
 
 use crate::gguf::GgufFile;
-use crate::gpu::{Encoder, GpuContext, Tensor};
+use crate::gpu::{BindGroupCache, Encoder, GpuContext, Tensor};
 use crate::kv::{KvCache, KvCacheShape};
 use crate::{Error, Result};
 
@@ -65,6 +65,8 @@ pub struct Model {
     ctx: Arc<GpuContext>,
     config: ModelConfig,
     network: Network,
+    /// The bind groups of recent passes, found again by the next ones.
+    bind_groups: Arc<BindGroupCache>,
 }
 
 impl Model {
@@ -81,7 +83,7 @@ impl Model {
         };
         // Uploads are queued: surface an out-of-memory or validation error now, not at the first step.
         ctx.check_errors()?;
-        Ok(Model { ctx, config, network })
+        Ok(Model { ctx, config, network, bind_groups: Arc::default() })
     }
 
     /// The model's hyper-parameters.
@@ -107,6 +109,8 @@ impl Model {
     /// by default the model's context length, capped at what one storage binding holds per
     /// layer. Blocks are [`KV_BLOCK_TOKENS`] tokens.
     pub fn new_kv_cache(&self, capacity_tokens: Option<usize>) -> Result<KvCache> {
+        // The bind groups kept so far may hold an older cache's buffers alive.
+        self.forget_bind_groups();
         let shape = self.kv_cache_shape();
         let tokens = capacity_tokens.unwrap_or_else(|| {
             let fitting = (self.ctx.max_binding_bytes() / shape.token_bytes_per_layer()) as usize;
@@ -114,6 +118,12 @@ impl Model {
             self.config.context_length.min(fitting_blocks * KV_BLOCK_TOKENS)
         });
         KvCache::new(&self.ctx, shape, KV_BLOCK_TOKENS, tokens)
+    }
+
+    /// Drops the bind groups kept from earlier passes, and with them the buffers they hold
+    /// alive: for a caller about to leave the model idle (the next pass makes them again).
+    pub fn forget_bind_groups(&self) {
+        self.bind_groups.clear();
     }
 
     /// The most rows of logits one forward pass can return: the logits tensor must fit one
@@ -153,6 +163,7 @@ impl Model {
         let ctx = &*self.ctx;
         let step = batch::Step::new(ctx, self.config.vocab_size, cache, chunks)?;
         let mut encoder = ctx.encoder("forward");
+        encoder.keep_bind_groups(Arc::clone(&self.bind_groups));
         let logits = match &self.network {
             Network::Llama(model) => model.forward(ctx, &mut encoder, &step, cache)?,
             Network::Gemma3(model) => model.forward(ctx, &mut encoder, &step, cache)?,

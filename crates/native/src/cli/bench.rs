@@ -113,6 +113,11 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
         "created:        {:.1} buffers, {:.1} bind groups, {:.1} pipelines per decode step",
         created.buffers, created.bind_groups, created.pipelines
     )?;
+    writeln!(
+        out,
+        "host:           {:.2} ms recording and submitting a decode step",
+        r.host_ms_per_decode_step
+    )?;
     if let Some(profile) = profile {
         for (phase, families) in [("prefill", &profile.prefill), ("decode step", &profile.decode_step)] {
             let total: f64 = families.iter().map(|f| f.ms).sum();
@@ -168,6 +173,9 @@ pub struct FamilyTime {
     /// GPU milliseconds per phase.
     pub ms: f64,
 }
+
+/// Decode steps of each run that warm up before creations and host time are counted.
+const WARM_DECODE_STEPS: usize = 2;
 
 /// Decode steps the profile averages over.
 const PROFILED_STEPS: usize = 4;
@@ -365,18 +373,22 @@ pub struct BenchReport {
     pub dispatches_outside_layers: f64,
     /// Transformer layers of the model.
     pub layers: usize,
-    /// GPU objects one decode step creates once the decode runs (from its second step on, after
+    /// GPU objects one decode step creates once the decode runs (from its third step on, after
     /// the warm-up run).
     pub created_per_decode_step: CreatedPerStep,
+    /// Milliseconds the host spends recording and submitting one decode step (its inputs
+    /// uploaded, every dispatch recorded, the command buffer submitted; not the wait for the
+    /// GPU nor the readback): the median over the measured runs' steps from the third on.
+    pub host_ms_per_decode_step: f64,
 }
 
-/// GPU objects created per decode step, by kind (a mean over the first measured run's steps but
-/// its first; its only step when it has one).
+/// GPU objects created per decode step, by kind (a mean over the first measured run's steps from
+/// the third on; over its last when it has fewer).
 #[derive(Clone, Copy, Serialize)]
 pub struct CreatedPerStep {
     /// Buffers (tensors, parameter blocks, readback buffers come from a pool).
     pub buffers: f64,
-    /// Bind groups (one per dispatch today).
+    /// Bind groups (those the model's cache does not hold from earlier steps).
     pub bind_groups: f64,
     /// Compute pipelines.
     pub pipelines: f64,
@@ -459,6 +471,11 @@ pub fn run(
         dispatches_outside_layers: dispatches_per_decode_step - layer_dispatches_per_step,
         layers: model.config().n_layers,
         created_per_decode_step: runs[0].created_per_decode_step,
+        host_ms_per_decode_step: {
+            let mut all: Vec<f64> = runs.iter().flat_map(|r| r.host_s_per_step.iter().copied()).collect();
+            all.sort_by(f64::total_cmp);
+            all.get(all.len() / 2).map_or(0.0, |s| s * 1e3)
+        },
     })
 }
 
@@ -471,6 +488,8 @@ struct RunFigures {
     decode_layer_dispatches: u64,
     /// GPU objects a decode step created, from the second step on.
     created_per_decode_step: CreatedPerStep,
+    /// Seconds each decode step from the third on took to record and submit.
+    host_s_per_step: Vec<f64>,
 }
 
 /// Real text for the prompt (the licence flint is tested on, else a fixed sentence), repeated
@@ -513,17 +532,27 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
     let decode_started = Instant::now();
     let dispatches_before = ctx.dispatch_count();
     let layer_dispatches_before = ctx.layer_dispatch_count();
-    // Creations are counted from the second decode step on: the first makes the buffers of the
-    // decode's shapes again when the prefills left them idle long enough to be freed.
+    // Creations and host time are counted after the first decode steps (as many of the
+    // WARM_DECODE_STEPS as leave one to count): the first makes the buffers of the decode's shapes
+    // again when the prefills left them idle long enough to be freed, and the pool's order of
+    // handing them out, which the kept bind groups follow, settles by the second.
+    let steps = options.gen_tokens - 1;
+    let warm = WARM_DECODE_STEPS.min(steps - 1);
     let mut created_before = ctx.created();
-    for step in 1..options.gen_tokens {
-        let logits = pollster::block_on(decode_step(model, &mut cache, &mut tables, &next)?.to_f32(ctx))?;
+    let mut host_s_per_step = Vec::with_capacity(steps);
+    for step in 1..=steps {
+        let recording = Instant::now();
+        let logits = decode_step(model, &mut cache, &mut tables, &next)?;
+        if step > warm {
+            host_s_per_step.push(recording.elapsed().as_secs_f64());
+        }
+        let logits = pollster::block_on(logits.to_f32(ctx))?;
         next = logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(0)).collect();
-        if step == 1 && options.gen_tokens > 2 {
+        if step == warm {
             created_before = ctx.created();
         }
     }
-    let steady_steps = (options.gen_tokens - 1).saturating_sub(1).max(1) as f64;
+    let steady_steps = (steps - warm) as f64;
     let decode_s = decode_started.elapsed().as_secs_f64();
     let decode_dispatches = ctx.dispatch_count() - dispatches_before;
     let decode_layer_dispatches = ctx.layer_dispatch_count() - layer_dispatches_before;
@@ -543,6 +572,7 @@ fn one_run(model: &Model, prompt: &[u32], options: &BenchOptions) -> anyhow::Res
         decode_dispatches,
         decode_layer_dispatches,
         created_per_decode_step,
+        host_s_per_step,
     };
     Ok((figures, kv_bytes))
 }

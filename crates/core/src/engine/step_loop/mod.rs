@@ -269,10 +269,11 @@ impl StepLoop {
         }
     }
 
-    /// Publishes the metrics. Out of work, the steps' pooled buffers are freed first, so that an
-    /// engine reported idle holds only its weights and KV cache.
+    /// Publishes the metrics. Out of work, the kept bind groups and the steps' pooled buffers are
+    /// freed first, so that an engine reported idle holds only its weights and KV cache.
     fn publish_metrics(&self) {
         if self.scheduler.is_idle() {
+            self.model.forget_bind_groups();
             self.model.gpu().free_idle_buffers();
         }
         let c = &self.counters;

@@ -726,10 +726,10 @@ fn kv_snapshot(
     }
     let textures = ctx.scratch_textures(words)?;
     let bytes = (words * 4) as u64;
-    for (tensor, texture) in [cache.k, cache.v].into_iter().zip(&textures) {
-        record_copy_to_texture(encoder.raw(), tensor.buffer(), bytes, texture);
+    for (tensor, scratch) in [cache.k, cache.v].into_iter().zip(&textures) {
+        record_copy_to_texture(encoder.raw(), tensor.buffer(), bytes, &scratch.texture);
     }
-    Some(textures.map(|t| t.create_view(&wgpu::TextureViewDescriptor::default())))
+    Some(textures.map(|scratch| scratch.view))
 }
 
 /// Checks `q` and `out` against `rows` query rows and the cache's heads; returns n_heads.
