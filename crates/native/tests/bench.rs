@@ -54,6 +54,19 @@ fn bench_reports_consistent_figures() {
     let peak = number("peak_gpu_bytes");
     assert!(peak > 0.95 * held && peak < held + (32 << 20) as f64, "{report}");
 
+    // With timestamps (lavapipe has them), the profile's kernel times and the GPU's idle share.
+    let profiled = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["bench", "--model", path.to_str().unwrap()])
+        .args(["--prompt-tokens", "8", "--gen-tokens", "3", "--repeats", "1", "--profile", "--json"])
+        .output()
+        .unwrap();
+    assert!(profiled.status.success(), "{}", String::from_utf8_lossy(&profiled.stderr));
+    let profiled: serde_json::Value = serde_json::from_slice(&profiled.stdout).unwrap();
+    let profile = &profiled["profile"];
+    let idle = profile["decode_step_gpu_idle_fraction"].as_f64().unwrap_or(-1.0);
+    let kernels = profile["decode_step"].as_array().map_or(0, Vec::len);
+    assert!((0.0..=1.0).contains(&idle) && kernels >= 3, "{profiled}");
+
     // A budget smaller than the weights: the load fails with a one-line error.
     let small = Command::new(env!("CARGO_BIN_EXE_flint"))
         .args(["bench", "--model", path.to_str().unwrap(), "--gpu-memory-budget", "16"])

@@ -124,8 +124,11 @@ pub fn command(args: &BenchArgs, quiet: bool) -> anyhow::Result<()> {
             let wall = match phase {
                 "prefill" => format!("wall {:.2} ms", profile.prefill_wall_ms),
                 _ => format!(
-                    "wall {:.2} ms, of which {:.2} ms recording and submitting on the host",
-                    profile.decode_step_wall_ms, profile.decode_step_recording_ms
+                    "wall {:.2} ms, of which {:.2} ms recording and submitting on the host; GPU idle {:.0}% \
+                     of it",
+                    profile.decode_step_wall_ms,
+                    profile.decode_step_recording_ms,
+                    profile.decode_step_gpu_idle_fraction * 100.0
                 ),
             };
             writeln!(out, "\nGPU time per {phase}: {total:.2} ms (timestamps; {wall})")?;
@@ -161,6 +164,10 @@ pub struct Profile {
     pub decode_step_wall_ms: f64,
     /// Of those, the milliseconds spent recording and submitting the step's commands.
     pub decode_step_recording_ms: f64,
+    /// The share of a decode step's wall time in which no kernel ran: 1 - GPU time / wall time.
+    /// The profile times each dispatch in a pass of its own, which adds gaps a step without it
+    /// does not have, so this bounds the idle share from above.
+    pub decode_step_gpu_idle_fraction: f64,
 }
 
 /// One kernel family's share of a phase.
@@ -226,13 +233,16 @@ fn profile(model: &Model, tokenizer: &Tokenizer, options: &BenchOptions) -> anyh
     for table in tables {
         cache.release(table);
     }
+    let decode_step = by_family(&decode_times, PROFILED_STEPS);
+    let decode_step_gpu_ms: f64 = decode_step.iter().map(|f| f.ms).sum();
     Ok(Profile {
         prompt_tokens: prompt.len(),
         prefill: by_family(&prefill_times, 1),
         prefill_wall_ms,
-        decode_step: by_family(&decode_times, PROFILED_STEPS),
+        decode_step,
         decode_step_wall_ms,
         decode_step_recording_ms,
+        decode_step_gpu_idle_fraction: (1.0 - decode_step_gpu_ms / decode_step_wall_ms).clamp(0.0, 1.0),
     })
 }
 
