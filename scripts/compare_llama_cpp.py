@@ -1,5 +1,8 @@
-"""Times llama.cpp (through llama-cpp-python) and `flint bench` on the same model, alternating,
-and prints both with their ratios. Run through scripts/compare-llama-cpp.sh, which builds both.
+"""Times llama.cpp and `flint bench` on the same model, alternating, and prints both with their
+ratios. Two llama.cpp backends: `--backend cpu` is llama-cpp-python built for this CPU
+(scripts/compare-llama-cpp.sh), `--backend vulkan` the prebuilt Vulkan backend of the
+cyllama-vulkan wheel with every layer on the GPU, the device flint runs on
+(scripts/compare-llama-cpp-vulkan.sh; on lavapipe with GGML_VK_VISIBLE_DEVICES=0).
 
 Both engines get the same prompt: the text `flint bench` uses (Debian's copy of the Apache
 License 2.0), tokenized without special tokens and repeated to --prompt-tokens; then greedy
@@ -17,9 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from llama_cpp import Llama, __version__ as llama_cpp_version
-
 PROMPT_TEXT = Path("/usr/share/common-licenses/Apache-2.0")
 
 
@@ -30,23 +30,78 @@ def default_model() -> Path:
     return Path(cache) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def next_token(llm: Llama) -> int:
-    """Greedy choice from the logits of the last token evaluated (llama.cpp computes no others)."""
-    logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-    return int(np.argmax(logits))
+class CpuLlama:
+    """llama.cpp's CPU backend through llama-cpp-python, with as many threads as cores."""
+
+    def __init__(self, model: Path, n_ctx: int, n_batch: int):
+        from llama_cpp import Llama, __version__
+
+        threads = os.cpu_count() or 1
+        self.llm = Llama(
+            model_path=str(model), n_ctx=n_ctx, n_batch=n_batch,
+            n_threads=threads, n_threads_batch=threads, verbose=False,
+        )
+        self.description = f"llama-cpp-python {__version__}, CPU, {threads} threads"
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode(), add_bos=False, special=False)
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+    def eval_greedy(self, tokens: list[int]) -> int:
+        """Evaluates `tokens` after those before; returns the greedy next token."""
+        import numpy as np
+
+        self.llm.eval(tokens)
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))
 
 
-def llama_cpp_run(llm: Llama, prompt: list[int], gen_tokens: int) -> dict:
+class VulkanLlama:
+    """llama.cpp's Vulkan backend from the cyllama-vulkan wheel, every layer offloaded. Its
+    context and greedy sampler come from cyllama's `LLM` (private helpers of the pinned
+    version: scripts/compare-llama-cpp-vulkan.sh pins it)."""
+
+    def __init__(self, model: Path, n_ctx: int, n_batch: int):
+        from importlib.metadata import version
+
+        from cyllama.api import LLM, GenerationConfig
+        from cyllama.llama.llama_cpp import ggml_backend_dev_info, llama_batch_get_one
+
+        self.config = GenerationConfig(n_gpu_layers=99, temperature=0.0, n_ctx=n_ctx, n_batch=n_batch)
+        self.llm = LLM(str(model), config=self.config, verbose=False)
+        self.batch = llama_batch_get_one
+        gpus = [d["description"] for d in ggml_backend_dev_info() if d["type"] == "GPU"]
+        if not gpus:
+            raise SystemExit("compare-llama-cpp: llama.cpp's Vulkan backend found no device")
+        self.description = f"cyllama-vulkan {version('cyllama-vulkan')}, Vulkan on {gpus[0]}, all layers"
+        self.position = 0
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.vocab.tokenize(text, add_special=False, parse_special=False)
+
+    def reset(self) -> None:
+        self.ctx = self.llm._ensure_context(self.config.n_ctx, self.config)
+        self.sampler = self.llm._ensure_sampler(self.config)
+        self.ctx.kv_cache_clear()
+        self.position = 0
+
+    def eval_greedy(self, tokens: list[int]) -> int:
+        self.ctx.decode(self.batch(tokens, self.position))
+        self.position += len(tokens)
+        return self.sampler.sample(self.ctx, -1)
+
+
+def llama_cpp_run(llm, prompt: list[int], gen_tokens: int) -> dict:
     """One prefill and greedy decode; the same work `flint bench` times."""
     llm.reset()
     started = time.perf_counter()
-    llm.eval(prompt)
-    token = next_token(llm)
+    token = llm.eval_greedy(prompt)
     prefill_s = time.perf_counter() - started
     decode_started = time.perf_counter()
     for _ in range(gen_tokens - 1):
-        llm.eval([token])
-        token = next_token(llm)
+        token = llm.eval_greedy([token])
     decode_s = time.perf_counter() - decode_started
     return {
         "prefill_tokens_per_s": len(prompt) / prefill_s,
@@ -77,6 +132,7 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
     args = parser.parse_args()
     if not args.model.is_file():
         print(f"compare-llama-cpp: no model at {args.model}; run scripts/fetch-models.sh", file=sys.stderr)
@@ -86,18 +142,12 @@ def main() -> int:
         return 1
 
     threads = os.cpu_count() or 1
+    engine = VulkanLlama if args.backend == "vulkan" else CpuLlama
     started = time.perf_counter()
-    llm = Llama(
-        model_path=str(args.model),
-        n_ctx=args.prompt_tokens + args.gen_tokens + 16,
-        n_batch=max(args.prompt_tokens, 32),
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
+    llm = engine(args.model, args.prompt_tokens + args.gen_tokens + 16, max(args.prompt_tokens, 32))
     llama_load_s = time.perf_counter() - started
     text = PROMPT_TEXT.read_text() if PROMPT_TEXT.is_file() else "The quick brown fox jumps over the lazy dog. " * 64
-    ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+    ids = llm.tokenize(text)
     prompt = [ids[i % len(ids)] for i in range(args.prompt_tokens)]
 
     llama_cpp_run(llm, prompt, min(args.gen_tokens, 8))  # warm-up, as flint bench does its own
@@ -111,7 +161,7 @@ def main() -> int:
     adapter = flint_runs[-1]["adapter"]
     print(f"Model {args.model.name}, {args.prompt_tokens} prompt tokens, {args.gen_tokens} generated, "
           f"median of {args.repeats} alternating runs. Machine: {platform.machine()}, {threads} cores. "
-          f"llama.cpp: llama-cpp-python {llama_cpp_version}, CPU, {threads} threads. flint: {adapter}.\n")
+          f"llama.cpp: {llm.description}. flint: {adapter}.\n")
     print("| | llama.cpp | flint | flint / llama.cpp |")
     print("| --- | --- | --- | --- |")
     rows = [
