@@ -12,35 +12,40 @@
 //! longer), and the owner clears the cache where it lets buffers go at once: a model when it
 //! makes a new KV cache, the engine when it runs out of work.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::num::NonZeroU64;
 use std::sync::Mutex;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 /// Passes a bind group is kept without being used: a decode step alternates between few
 /// assignments of pooled buffers, and a prefill chunk between decode steps does not evict them.
 const KEPT_PASSES: u64 = 4;
 
-/// Bind groups by pipeline and resources, with the pass that last used each.
+/// Bind groups by pipeline and resources, with the pass that last used each. A lookup hashes
+/// and compares the dispatch's own resources: only a bind group made anew clones them.
 #[derive(Default)]
 pub struct BindGroupCache {
     state: Mutex<CacheState>,
+    hasher: DefaultHashBuilder,
 }
 
 #[derive(Default)]
 struct CacheState {
-    entries: HashMap<BindGroupKey, (wgpu::BindGroup, u64)>,
+    entries: HashTable<Entry>,
     /// Passes ended so far.
     pass: u64,
 }
 
-#[derive(PartialEq, Eq, Hash)]
-struct BindGroupKey {
+struct Entry {
+    hash: u64,
     pipeline: wgpu::ComputePipeline,
     resources: Vec<ResourceKey>,
+    bind_group: wgpu::BindGroup,
+    last_used: u64,
 }
 
-/// One binding, by the identity of what it names.
-#[derive(PartialEq, Eq, Hash)]
+/// One binding, by the identity of what it names (the clones keep it from being reused).
 enum ResourceKey {
     Buffer { buffer: wgpu::Buffer, offset: u64, size: Option<NonZeroU64> },
     TextureView(wgpu::TextureView),
@@ -59,6 +64,24 @@ impl ResourceKey {
             _ => None,
         }
     }
+
+    /// Whether this names `resource`.
+    fn names(&self, resource: &wgpu::BindingResource<'_>) -> bool {
+        match (self, resource) {
+            (ResourceKey::Buffer { buffer, offset, size }, wgpu::BindingResource::Buffer(binding)) => {
+                buffer == binding.buffer && *offset == binding.offset && *size == binding.size
+            }
+            (ResourceKey::TextureView(view), wgpu::BindingResource::TextureView(other)) => view == *other,
+            _ => false,
+        }
+    }
+}
+
+/// Whether every resource is of a kind the cache keeps.
+fn cacheable(resources: &[wgpu::BindingResource<'_>]) -> bool {
+    resources.iter().all(|resource| {
+        matches!(resource, wgpu::BindingResource::Buffer(_) | wgpu::BindingResource::TextureView(_))
+    })
 }
 
 impl BindGroupCache {
@@ -70,22 +93,55 @@ impl BindGroupCache {
         resources: &[wgpu::BindingResource<'_>],
         create: impl FnOnce() -> wgpu::BindGroup,
     ) -> wgpu::BindGroup {
-        let Some(resources) = resources.iter().map(ResourceKey::of).collect::<Option<Vec<_>>>() else {
+        if !cacheable(resources) {
             return create();
-        };
-        let key = BindGroupKey { pipeline: pipeline.clone(), resources };
+        }
+        let hash = self.hash(pipeline, resources);
         let mut state = self.lock();
         let pass = state.pass;
-        let (bind_group, last_used) = state.entries.entry(key).or_insert_with(|| (create(), pass));
-        *last_used = pass;
-        bind_group.clone()
+        let found = state.entries.find_mut(hash, |entry| {
+            entry.pipeline == *pipeline
+                && entry.resources.len() == resources.len()
+                && entry.resources.iter().zip(resources).all(|(key, resource)| key.names(resource))
+        });
+        if let Some(entry) = found {
+            entry.last_used = pass;
+            return entry.bind_group.clone();
+        }
+        let bind_group = create();
+        let entry = Entry {
+            hash,
+            pipeline: pipeline.clone(),
+            resources: resources.iter().filter_map(ResourceKey::of).collect(),
+            bind_group: bind_group.clone(),
+            last_used: pass,
+        };
+        state.entries.insert_unique(hash, entry, |entry| entry.hash);
+        bind_group
+    }
+
+    /// The hash of a bind group's key, from the dispatch's own resources.
+    fn hash(&self, pipeline: &wgpu::ComputePipeline, resources: &[wgpu::BindingResource<'_>]) -> u64 {
+        let mut state = self.hasher.build_hasher();
+        pipeline.hash(&mut state);
+        for resource in resources {
+            match resource {
+                wgpu::BindingResource::Buffer(binding) => {
+                    binding.buffer.hash(&mut state);
+                    (binding.offset, binding.size).hash(&mut state);
+                }
+                wgpu::BindingResource::TextureView(view) => view.hash(&mut state),
+                _ => {}
+            }
+        }
+        state.finish()
     }
 
     /// Ends a pass: drops the bind groups no dispatch of the last [`KEPT_PASSES`] passes used.
     pub(crate) fn end_pass(&self) {
         let mut state = self.lock();
         let pass = state.pass;
-        state.entries.retain(|_, (_, last_used)| pass - *last_used < KEPT_PASSES);
+        state.entries.retain(|entry| pass - entry.last_used < KEPT_PASSES);
         state.pass += 1;
     }
 

@@ -1,7 +1,9 @@
 //! Kernel sources, the small define pass that makes their variants, and the pipeline cache.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::gpu::{Encoder, GpuContext};
 use crate::{Error, Result};
@@ -49,13 +51,30 @@ impl KernelSource {
         out
     }
 
+    /// The parts by identity: they are `include_str!` statics, so their addresses name them.
+    fn part_ids(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.parts.iter().map(|p| (p.as_ptr() as usize, p.len()))
+    }
+
     fn key(&self) -> PipelineKey {
-        PipelineKey {
-            entry: self.entry,
-            // The parts are `include_str!` statics: their addresses identify them.
-            parts: self.parts.iter().map(|p| (p.as_ptr() as usize, p.len())).collect(),
-            defines: self.defines.clone(),
-        }
+        PipelineKey { entry: self.entry, parts: self.part_ids().collect(), defines: self.defines.clone() }
+    }
+
+    /// Hashes what [`PipelineKey`] holds, as its `Hash` does, without building one.
+    fn hash_key(&self, hasher: &impl BuildHasher) -> u64 {
+        let mut state = hasher.build_hasher();
+        self.entry.hash(&mut state);
+        self.parts.len().hash(&mut state);
+        self.part_ids().for_each(|id| id.hash(&mut state));
+        self.defines.hash(&mut state);
+        state.finish()
+    }
+
+    /// Whether `key` is this source's.
+    fn is_key(&self, key: &PipelineKey) -> bool {
+        self.entry == key.entry
+            && self.part_ids().eq(key.parts.iter().copied())
+            && self.defines == key.defines
     }
 }
 
@@ -93,7 +112,7 @@ pub fn preprocess(source: &str, enabled: impl Fn(&str) -> bool) -> String {
     out
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct PipelineKey {
     entry: &'static str,
     parts: Vec<(usize, usize)>,
@@ -101,19 +120,27 @@ struct PipelineKey {
 }
 
 /// Compiled pipelines by variant: a kernel is compiled the first time it is used, never again.
+/// Looked up once per dispatch, from the source's fields: nothing is cloned to find a pipeline.
 #[derive(Default)]
 pub(crate) struct PipelineCache {
-    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashTable<CachedPipeline>>,
+    hasher: DefaultHashBuilder,
+}
+
+struct CachedPipeline {
+    hash: u64,
+    key: PipelineKey,
+    pipeline: Arc<wgpu::ComputePipeline>,
 }
 
 impl GpuContext {
     /// The compiled pipeline of `source`, compiled now if this is its first use.
     pub fn pipeline(&self, source: &KernelSource) -> Result<Arc<wgpu::ComputePipeline>> {
-        let key = source.key();
+        let hash = source.hash_key(&self.pipelines.hasher);
         let mut pipelines =
             self.pipelines.pipelines.lock().map_err(|_| Error::Gpu("pipeline cache poisoned".into()))?;
-        if let Some(pipeline) = pipelines.get(&key) {
-            return Ok(Arc::clone(pipeline));
+        if let Some(cached) = pipelines.find(hash, |cached| source.is_key(&cached.key)) {
+            return Ok(Arc::clone(&cached.pipeline));
         }
         self.created_pipelines.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let module = self.device().create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -131,7 +158,8 @@ impl GpuContext {
         // A shader that does not compile is a bug in flint, reported here and not at submit.
         self.check_errors().map_err(|e| Error::Gpu(format!("compiling kernel '{}': {e}", source.entry)))?;
         let pipeline = Arc::new(pipeline);
-        pipelines.insert(key, Arc::clone(&pipeline));
+        let cached = CachedPipeline { hash, key: source.key(), pipeline: Arc::clone(&pipeline) };
+        pipelines.insert_unique(hash, cached, |cached| cached.hash);
         Ok(pipeline)
     }
 
