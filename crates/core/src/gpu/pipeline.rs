@@ -1,5 +1,7 @@
 //! Kernel sources, the small define pass that makes their variants, and the pipeline cache.
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
@@ -121,10 +123,23 @@ struct PipelineKey {
 
 /// Compiled pipelines by variant: a kernel is compiled the first time it is used, never again.
 /// Looked up once per dispatch, from the source's fields: nothing is cloned to find a pipeline.
+/// Kernels whose sources take long to build (the matmul's ~25 defines) look theirs up by a
+/// recipe of their own instead ([`GpuContext::pipeline_by_recipe`]).
 #[derive(Default)]
 pub(crate) struct PipelineCache {
     pipelines: Mutex<HashTable<CachedPipeline>>,
     hasher: DefaultHashBuilder,
+    /// Per recipe type, a `HashMap<Recipe, Compiled>`.
+    by_recipe: Mutex<HashMap<TypeId, Box<dyn Any + Send>>>,
+}
+
+/// A compiled kernel: its pipeline and its entry point (the label of its dispatches).
+#[derive(Clone)]
+pub struct Compiled {
+    /// The kernel's entry point.
+    pub entry: &'static str,
+    /// Its pipeline.
+    pub pipeline: Arc<wgpu::ComputePipeline>,
 }
 
 struct CachedPipeline {
@@ -163,6 +178,36 @@ impl GpuContext {
         Ok(pipeline)
     }
 
+    /// The compiled kernel of `recipe`, a kernel's own description of a variant (its type tells
+    /// kernels apart): found without building the source, which `source` builds the first time.
+    /// Two recipes of one type must be equal exactly when their sources are.
+    pub(crate) fn pipeline_by_recipe<R: Hash + Eq + Send + 'static>(
+        &self,
+        recipe: R,
+        source: impl FnOnce() -> KernelSource,
+    ) -> Result<Compiled> {
+        let lookup = |by_recipe: &mut HashMap<TypeId, Box<dyn Any + Send>>| {
+            by_recipe
+                .get(&TypeId::of::<R>())
+                .and_then(|map| map.downcast_ref::<HashMap<R, Compiled>>())
+                .and_then(|map| map.get(&recipe).cloned())
+        };
+        let poisoned = || Error::Gpu("pipeline cache poisoned".into());
+        if let Some(compiled) = lookup(&mut *self.pipelines.by_recipe.lock().map_err(|_| poisoned())?) {
+            return Ok(compiled);
+        }
+        // Compiled with the recipe cache unlocked: `pipeline` takes the other lock.
+        let source = source();
+        let compiled = Compiled { entry: source.entry, pipeline: self.pipeline(&source)? };
+        let mut by_recipe = self.pipelines.by_recipe.lock().map_err(|_| poisoned())?;
+        let map =
+            by_recipe.entry(TypeId::of::<R>()).or_insert_with(|| Box::new(HashMap::<R, Compiled>::new()));
+        if let Some(map) = map.downcast_mut::<HashMap<R, Compiled>>() {
+            map.insert(recipe, compiled.clone());
+        }
+        Ok(compiled)
+    }
+
     /// Records one dispatch of `source` with `resources` bound in order to `@binding(0..)` of
     /// `@group(0)`: into the encoder's open pass, or into a timed pass of its own while a
     /// profile is open.
@@ -173,32 +218,44 @@ impl GpuContext {
         resources: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) -> Result<()> {
-        let pipeline = self.pipeline(source)?;
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = resources
-            .iter()
-            .enumerate()
-            .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource: resource.clone() })
-            .collect();
+        let compiled = Compiled { entry: source.entry, pipeline: self.pipeline(source)? };
+        self.dispatch_compiled(encoder, &compiled, resources, workgroups)
+    }
+
+    /// [`GpuContext::dispatch`] of a kernel already compiled.
+    pub(crate) fn dispatch_compiled(
+        &self,
+        encoder: &mut Encoder,
+        compiled: &Compiled,
+        resources: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        let (pipeline, entry) = (&compiled.pipeline, compiled.entry);
         let create = || {
+            let entries: Vec<wgpu::BindGroupEntry<'_>> = resources
+                .iter()
+                .enumerate()
+                .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource: resource.clone() })
+                .collect();
             self.created_bind_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.device().create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(source.entry),
+                label: Some(entry),
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             })
         };
         let bind_group = match encoder.bind_groups() {
-            Some(cache) => cache.get_or_create(&pipeline, resources, create),
+            Some(cache) => cache.get_or_create(pipeline, resources, create),
             None => create(),
         };
         let record = |pass: &mut wgpu::ComputePass<'_>| {
-            pass.set_pipeline(&pipeline);
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
         };
         let mut profile = self.lock_profile()?;
         match profile.as_mut() {
-            Some(profile) => record(&mut encoder.timed_pass(source.entry, profile.next_pass(source.entry))),
+            Some(profile) => record(&mut encoder.timed_pass(entry, profile.next_pass(entry))),
             None => record(encoder.shared_pass()),
         }
         self.dispatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

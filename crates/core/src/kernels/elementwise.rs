@@ -34,7 +34,7 @@ const SOFTMAX_SOURCE: &str = include_str!("../../shaders/softmax.wgsl");
 const ELEMENTWISE_WG_SIZE: u32 = 256;
 
 /// The activation of a gated feed-forward block: `out = act(gate) * up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GatedActivation {
     /// `silu(x) = x · sigmoid(x)` (SwiGLU: Llama, Qwen, Mistral ...).
     Silu,

@@ -34,7 +34,7 @@ const SOURCE: &str = include_str!("../../shaders/norm.wgsl");
 pub(crate) const REDUCTION_WG_SIZE: u32 = 64;
 
 /// How RMSNorm applies its learned weight `w` to the normalised row `x̂ = x / rms(x)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NormWeight {
     /// `y = x̂ · w`: llama.cpp's convention, and that of GGUF files of every architecture
     /// (llama.cpp's converter stores Gemma's weights as `1 + w` already).

@@ -38,7 +38,7 @@ struct Params {
 }
 
 /// How the partial sums of one row's invocations are added.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Reduce {
     /// One invocation per row: nothing to add.
     None,
@@ -49,7 +49,7 @@ pub(crate) enum Reduce {
 }
 
 /// One compiled shape of the kernel; `tuning::matmul_variant` picks the device's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
     pub(crate) wg_size: u32,
     pub(crate) threads_per_row: u32,
@@ -95,49 +95,81 @@ impl Variant {
     fn rows_per_workgroup(self) -> u32 {
         if self.tiled { TILED_ROWS } else { self.wg_size / self.threads_per_row * self.row_tile }
     }
+}
 
-    fn source(
-        self,
+/// Everything a product's kernel source depends on: equal recipes, equal sources. The product
+/// looks its pipeline up by this ([`GpuContext::pipeline_by_recipe`]), without building the
+/// source's ~25 defines each dispatch.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Recipe {
+    variant: Variant,
+    quant: QuantType,
+    textures: bool,
+    cols: u32,
+    gate: Option<GatedActivation>,
+    norm: Option<NormWeight>,
+    residual: bool,
+    /// Output tensors: 1, or a split's 2 or 3.
+    outputs: usize,
+    split: bool,
+    add: bool,
+}
+
+impl Recipe {
+    fn of(
+        variant: Variant,
         quant: QuantType,
         textures: bool,
         input: MatmulInput,
         outputs: MatmulOutput,
-    ) -> KernelSource {
-        let cols = input.x().shape().last().copied().unwrap_or(0) as u32;
+    ) -> Self {
         let (gate, norm) = match input {
             MatmulInput::Plain(_) => (None, None),
             MatmulInput::Gated(gated) => (Some(gated.activation), None),
             MatmulInput::Normed(_, norm) => (None, Some(norm.convention)),
             MatmulInput::Residual(residual) => (None, Some(residual.convention)),
         };
+        Recipe {
+            variant,
+            quant,
+            textures,
+            cols: input.x().shape().last().copied().unwrap_or(0) as u32,
+            gate,
+            norm,
+            residual: matches!(input, MatmulInput::Residual(_)),
+            outputs: outputs.tensors().len(),
+            split: matches!(outputs, MatmulOutput::Split(_)),
+            add: matches!(outputs, MatmulOutput::AddTo(_)),
+        }
+    }
+
+    fn source(&self) -> KernelSource {
+        let Recipe { variant, quant, textures, cols, gate, norm, residual, outputs, split, add } = *self;
         let family: &[&'static str] = if gate.is_some() { &[ACTIVATION_SOURCE, SOURCE] } else { &[SOURCE] };
         QuantMatrix::kernel_source(quant, textures, "matmul", family)
             .define("NORMED", norm.is_some())
             .define("NORM_ONE_PLUS", norm == Some(NormWeight::OnePlus))
-            .define("RESIDUAL", matches!(input, MatmulInput::Residual(_)))
+            .define("RESIDUAL", residual)
             // After y, params (3) and the other outputs.
-            .define("NORM_BINDING", format!("{}u", 3 + outputs.tensors().len()))
-            .define(
-                "NORM_VEC4S",
-                format!("{}u", cols / 4 * if matches!(input, MatmulInput::Residual(_)) { 2 } else { 1 }),
-            )
+            .define("NORM_BINDING", format!("{}u", 3 + outputs))
+            .define("NORM_VEC4S", format!("{}u", cols / 4 * if residual { 2 } else { 1 }))
             .define("GATED", gate.is_some())
             .define("GATE_SILU", gate == Some(GatedActivation::Silu))
             .define("GATE_GELU", gate == Some(GatedActivation::GeluTanh))
-            .define("SPLIT", matches!(outputs, MatmulOutput::Split(_)))
-            .define("THIRD", matches!(outputs, MatmulOutput::Split([_, _, _])))
-            .define("ADD_TO_OUTPUT", matches!(outputs, MatmulOutput::AddTo(_)))
-            .define("WG_SIZE", format!("{}u", self.wg_size))
-            .define("THREADS_PER_ROW", format!("{}u", self.threads_per_row))
-            .define("ROW_TILE", format!("{}u", self.row_tile))
-            .define("BATCH_TILE", format!("{}u", self.batch_tile))
-            .define("SUBGROUP_REDUCE", self.reduce == Reduce::Subgroup)
-            .define("SHARED_REDUCE", self.reduce == Reduce::Shared)
-            .define("TILED", self.tiled)
-            .define("X_BROADCAST", self.x_broadcast)
-            .define("X_UNIFORM", self.x_window_rows.is_some())
-            .define("X_WINDOW_VEC4S", format!("{}u", self.x_window_rows.unwrap_or(0) * cols / 4))
-            .define("WIDE", self.threads_per_row == 1)
+            .define("SPLIT", split)
+            .define("THIRD", split && outputs == 3)
+            .define("ADD_TO_OUTPUT", add)
+            .define("WG_SIZE", format!("{}u", variant.wg_size))
+            .define("THREADS_PER_ROW", format!("{}u", variant.threads_per_row))
+            .define("ROW_TILE", format!("{}u", variant.row_tile))
+            .define("BATCH_TILE", format!("{}u", variant.batch_tile))
+            .define("SUBGROUP_REDUCE", variant.reduce == Reduce::Subgroup)
+            .define("SHARED_REDUCE", variant.reduce == Reduce::Shared)
+            .define("TILED", variant.tiled)
+            .define("X_BROADCAST", variant.x_broadcast)
+            .define("X_UNIFORM", variant.x_window_rows.is_some())
+            .define("X_WINDOW_VEC4S", format!("{}u", variant.x_window_rows.unwrap_or(0) * cols / 4))
+            .define("WIDE", variant.threads_per_row == 1)
     }
 }
 
@@ -404,7 +436,8 @@ fn record(
             },
         )?;
     }
-    let source = variant.source(weight.quant(), weight.in_textures(), input, outputs);
+    let recipe = Recipe::of(variant, weight.quant(), weight.in_textures(), input, outputs);
+    let kernel = ctx.pipeline_by_recipe(recipe, || recipe.source())?;
     let tensors = outputs.tensors();
     let (second_row, third_row) = match weight.part_rows() {
         [a, b, ..] if tensors.len() > 1 => (*a, a + b),
@@ -459,7 +492,7 @@ fn record(
                 MatmulInput::Plain(_) => {}
             }
             let groups = [gx, gy, rows_here.div_ceil(variant.batch_tile as usize) as u32];
-            ctx.dispatch(encoder, &source, &bindings, groups)?;
+            ctx.dispatch_compiled(encoder, &kernel, &bindings, groups)?;
         }
     }
     Ok(())

@@ -1,4 +1,15 @@
 use super::*;
+
+/// The kernel source of a product, as `record` compiles it.
+fn source(
+    variant: Variant,
+    quant: QuantType,
+    textures: bool,
+    input: MatmulInput,
+    output: MatmulOutput,
+) -> KernelSource {
+    Recipe::of(variant, quant, textures, input, output).source()
+}
 use crate::gpu::{DeviceClass, GpuContext};
 use crate::kernels::norm::tests::reference as norm_reference;
 use crate::kernels::testing::{POISON, Rng, both_paths, gpu, validate_wgsl};
@@ -682,19 +693,48 @@ fn every_variant_validates() {
         }
         for (variant, textures) in variants.into_iter().flat_map(|v| [(v, false), (v, true)]) {
             let plain = MatmulInput::Plain(&y);
-            validate_wgsl(&variant.source(quant, textures, plain, MatmulOutput::Write(&y)));
-            validate_wgsl(&variant.source(quant, textures, plain, MatmulOutput::Split(&[&y, &y])));
-            validate_wgsl(&variant.source(quant, textures, plain, MatmulOutput::Split(&[&y, &y, &y])));
+            validate_wgsl(&source(variant, quant, textures, plain, MatmulOutput::Write(&y)));
+            validate_wgsl(&source(variant, quant, textures, plain, MatmulOutput::Split(&[&y, &y])));
+            validate_wgsl(&source(variant, quant, textures, plain, MatmulOutput::Split(&[&y, &y, &y])));
             for activation in [GatedActivation::Silu, GatedActivation::GeluTanh] {
                 let gated = MatmulInput::Gated(GatedInput { activation, gate: &y, up: &y });
-                validate_wgsl(&variant.source(quant, textures, gated, MatmulOutput::AddTo(&y)));
+                validate_wgsl(&source(variant, quant, textures, gated, MatmulOutput::AddTo(&y)));
             }
             for convention in [NormWeight::Scale, NormWeight::OnePlus] {
                 let normed = MatmulInput::Normed(&y, RmsNorm { weight: &y, convention, eps: 1e-6 });
-                validate_wgsl(&variant.source(quant, textures, normed, MatmulOutput::Write(&y)));
-                validate_wgsl(&variant.source(quant, textures, normed, MatmulOutput::Split(&[&y, &y])));
-                validate_wgsl(&variant.source(quant, textures, normed, MatmulOutput::Split(&[&y, &y, &y])));
+                validate_wgsl(&source(variant, quant, textures, normed, MatmulOutput::Write(&y)));
+                validate_wgsl(&source(variant, quant, textures, normed, MatmulOutput::Split(&[&y, &y])));
+                validate_wgsl(&source(variant, quant, textures, normed, MatmulOutput::Split(&[&y, &y, &y])));
             }
         }
+    }
+}
+
+/// A product's pipeline found by its recipe is the one its source compiles to, and recipes that
+/// differ in any way the source depends on find different pipelines.
+#[test]
+fn recipes_find_the_pipelines_of_their_sources() {
+    let ctx = gpu();
+    let x = Tensor::empty(ctx, "x", &[2, 64]).unwrap();
+    let y = Tensor::empty(ctx, "y", &[2, 8]).unwrap();
+    let variant = tuning::matmul_variant(ctx, QuantType::Q8_0, 8, 64, 2);
+    let recipes = [
+        Recipe::of(variant, QuantType::Q8_0, false, MatmulInput::Plain(&x), MatmulOutput::Write(&y)),
+        Recipe::of(variant, QuantType::Q8_0, false, MatmulInput::Plain(&x), MatmulOutput::AddTo(&y)),
+        Recipe::of(variant, QuantType::Q4_0, false, MatmulInput::Plain(&x), MatmulOutput::Write(&y)),
+        Recipe::of(TILED, QuantType::Q8_0, false, MatmulInput::Plain(&x), MatmulOutput::Write(&y)),
+    ];
+    let mut found = Vec::new();
+    for recipe in recipes {
+        let by_recipe = ctx.pipeline_by_recipe(recipe, || recipe.source()).unwrap();
+        let by_source = ctx.pipeline(&recipe.source()).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&by_recipe.pipeline, &by_source) && by_recipe.entry == "matmul");
+        // Found again without building the source.
+        let again = ctx.pipeline_by_recipe(recipe, || unreachable!("the recipe is cached")).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&again.pipeline, &by_source));
+        found.push(by_source);
+    }
+    for (i, a) in found.iter().enumerate() {
+        assert!(found[i + 1..].iter().all(|b| !std::sync::Arc::ptr_eq(a, b)), "recipe {i} shares a pipeline");
     }
 }
