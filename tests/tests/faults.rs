@@ -198,7 +198,9 @@ fn a_step_past_the_memory_budget_fails_its_requests_and_the_engine_goes_on() {
     eprintln!(
         "loaded: {loaded} bytes; steps add at most {short_peak} (short request), {long_peak} (long prompt)"
     );
-    assert!(long_peak > 4 * short_peak, "the long prompt's prefill needs more: {long_peak} vs {short_peak}");
+    // Far enough apart that a budget half-way holds the one and refuses the other (the short
+    // request's overlapped steps hold a step's logits while the next is recorded).
+    assert!(long_peak > 3 * short_peak, "the long prompt's prefill needs more: {long_peak} vs {short_peak}");
     drop(engine);
     step_loop.join().unwrap();
 

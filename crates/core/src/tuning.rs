@@ -47,6 +47,16 @@ pub(crate) fn weights_in_textures(class: DeviceClass) -> bool {
     }
 }
 
+/// Whether the engine overlaps decode steps by default (`EngineOptions::overlap_steps`): on a
+/// CPU device the "GPU" is the host's own cores, and recording the next step beside it slows
+/// both.
+pub(crate) fn overlaps_steps(class: DeviceClass) -> bool {
+    match class {
+        DeviceClass::Cpu => false,
+        DeviceClass::Gpu => true,
+    }
+}
+
 /// Bytes past the elements of every tensor's buffer: CPU devices read activations through
 /// uniform windows ([`matmul_variant`]) that may start at any row and reach this far past it.
 pub(crate) fn tensor_padding_bytes(class: DeviceClass) -> u64 {

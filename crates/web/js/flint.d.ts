@@ -24,6 +24,8 @@ export interface LoadOptions {
   stepTokenBudget?: number;
   /** Reuse the KV blocks of shared prompt prefixes (true). */
   prefixCache?: boolean;
+  /** Submit each greedy decode step before reading the one before it back, so the GPU does not wait for the page (true on GPUs, false on CPU devices); outputs are the same either way. */
+  overlapSteps?: boolean;
   /** Seeds the samplers of requests without a seed; by default a random one. */
   seed?: number;
 }
@@ -196,6 +198,7 @@ export interface EngineMetrics {
   generated_tokens: number;
   generation_tokens_per_second: number;
   steps: number;
+  overlapped_steps: number;
   preemptions: number;
   healthy: boolean;
 }

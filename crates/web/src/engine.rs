@@ -34,6 +34,9 @@ struct LoadOptions {
     max_running: Option<usize>,
     step_token_budget: Option<usize>,
     prefix_cache: Option<bool>,
+    /// Submit each greedy decode step before reading the last one back (see
+    /// `EngineOptions::overlap_steps`).
+    overlap_steps: Option<bool>,
     /// Seeds the samplers of requests without a seed; by default one from `Math.random()`.
     seed: Option<u64>,
 }
@@ -133,6 +136,7 @@ impl Engine {
             step_token_budget: options.step_token_budget.unwrap_or(defaults.step_token_budget),
             kv_cache_tokens: options.kv_cache_tokens,
             prefix_cache: options.prefix_cache.unwrap_or(defaults.prefix_cache),
+            overlap_steps: options.overlap_steps,
             // The core has no entropy of its own in the browser.
             seed: options.seed.unwrap_or_else(|| (js_sys::Math::random() * 2f64.powi(53)) as u64),
         };

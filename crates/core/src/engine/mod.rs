@@ -95,6 +95,11 @@ pub struct EngineOptions {
     /// Seeds the samplers of requests without a seed of their own (the core has no entropy of
     /// its own on the web: the host passes some).
     pub seed: u64,
+    /// While every running sequence decodes greedily, submit each step before reading back the
+    /// one before it, so that the GPU does not wait for the host between them. Outputs are the
+    /// same either way. By default (`None`) on GPUs, off on CPU devices, where the device's work
+    /// runs on the host's own cores.
+    pub overlap_steps: Option<bool>,
 }
 
 impl Default for EngineOptions {
@@ -105,6 +110,7 @@ impl Default for EngineOptions {
             kv_cache_tokens: None,
             prefix_cache: true,
             seed: 0,
+            overlap_steps: None,
         }
     }
 }
@@ -138,6 +144,9 @@ pub struct EngineMetrics {
     pub generation_tokens_per_second: f64,
     /// Forward passes run.
     pub steps: u64,
+    /// Of those, passes submitted before the draws of the one before them were read back
+    /// ([`EngineOptions::overlap_steps`]).
+    pub overlapped_steps: u64,
     /// Sequences preempted (and later recomputed) because the KV cache was full.
     pub preemptions: u64,
     /// False once the GPU failed (see [`Engine::health`]).
@@ -242,6 +251,9 @@ impl Engine {
             token_budget: options.step_token_budget,
             max_logit_rows: model.max_logit_rows().max(1),
             prefix_cache: options.prefix_cache,
+            overlap_steps: options
+                .overlap_steps
+                .unwrap_or_else(|| crate::tuning::overlaps_steps(model.gpu().device_class())),
         };
         let (commands, receiver) = async_channel::unbounded();
         let tokenizer = Arc::new(tokenizer);

@@ -32,6 +32,8 @@ pub(crate) struct Limits {
     pub max_logit_rows: usize,
     /// Whether admissions look up the prefix cache.
     pub prefix_cache: bool,
+    /// Whether decode steps of greedy sequences overlap (`step_loop/overlap.rs`).
+    pub overlap_steps: bool,
 }
 
 /// One sequence's share of a step.
@@ -91,6 +93,17 @@ impl Scheduler {
     /// Whether admissions look up the prefix cache (and finished prompts go into it).
     pub fn prefix_cache(&self) -> bool {
         self.limits.prefix_cache
+    }
+
+    /// Whether decode steps of greedy sequences may overlap.
+    pub fn overlaps_steps(&self) -> bool {
+        self.limits.overlap_steps
+    }
+
+    /// True when a sequence waits and the running batch has room for it: the next step should
+    /// be planned here, to admit it.
+    pub fn would_admit(&self) -> bool {
+        !self.waiting.is_empty() && self.running.len() < self.limits.max_running
     }
 
     /// True when no sequence waits or runs.

@@ -147,6 +147,12 @@ impl Sequence {
         if self.request.return_logprob { None } else { self.sampler.candidates_needed() }
     }
 
+    /// True while the sequence runs and its next draw is its row's most likely token, which the
+    /// GPU finds itself: its steps may overlap (`step_loop/overlap.rs`).
+    pub fn draws_on_gpu(&self) -> bool {
+        self.finish.is_none() && self.samples_from_candidates() == Some(1) && !self.is_constrained()
+    }
+
     /// Whether a structured-output constraint masks this sequence's draws.
     pub fn is_constrained(&self) -> bool {
         self.constraint.is_some()

@@ -141,6 +141,8 @@ pub struct GpuContext {
     pub(crate) memory: Arc<MemoryLedger>,
     /// Released tensors', parameters' and readback buffers, for reuse.
     pub(crate) buffers: Arc<BufferPool>,
+    /// The latest submission: a [`crate::gpu::Readback`] waits for the one that copies it.
+    last_submission: Mutex<Option<wgpu::SubmissionIndex>>,
     /// The textures [`GpuContext::scratch_textures`] hands out, and the words each holds.
     scratch_textures: Mutex<Option<(usize, [ScratchTexture; 2])>>,
 }
@@ -224,6 +226,7 @@ impl GpuContext {
             profile: Mutex::new(None),
             memory: Arc::clone(&memory),
             buffers: Arc::new(BufferPool::new(memory)),
+            last_submission: Mutex::new(None),
             captured_error,
             scratch_textures: Mutex::new(None),
         });
@@ -381,6 +384,11 @@ impl GpuContext {
         }
     }
 
+    /// The latest submission, if any.
+    pub(crate) fn last_submission(&self) -> Option<wgpu::SubmissionIndex> {
+        self.last_submission.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// A new command encoder.
     pub fn encoder(&self, label: &str) -> Encoder {
         Encoder::new(self, label)
@@ -390,50 +398,11 @@ impl GpuContext {
     /// while recording it.
     pub fn submit(&self, encoder: Encoder) -> Result<()> {
         let (commands, open) = encoder.finish(&self.queue);
-        self.queue.submit([commands]);
+        let submission = self.queue.submit([commands]);
+        *self.last_submission.lock().unwrap_or_else(|e| e.into_inner()) = Some(submission);
         // Only now may buffers released while it was recorded be handed out again.
         drop(open);
         self.check_errors()
-    }
-
-    /// Copies `size` bytes of `buffer` from `offset` back to the CPU.
-    ///
-    /// Natively this waits on the device (the host runs the engine on its own thread); on the web
-    /// it awaits the `mapAsync` callback and never blocks.
-    pub async fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
-        let copied = size.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-        let mut pooled = self.buffers.acquire(
-            &self.device,
-            "flint readback",
-            copied,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
-        // Mapped or being mapped, it may not be copied into: should this fail or its future be
-        // dropped half-way, the buffer is freed rather than pooled.
-        pooled.set_returns_to_pool(false);
-        let staging = pooled.buffer();
-        let mut encoder = self.encoder("flint readback");
-        encoder.copy_buffer_to_buffer(buffer, offset, staging, 0, copied);
-        self.submit(encoder)?;
-
-        let (sender, receiver) = futures::channel::oneshot::channel();
-        staging.slice(..copied).map_async(wgpu::MapMode::Read, move |result| {
-            let _ = sender.send(result);
-        });
-        #[cfg(not(target_arch = "wasm32"))]
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Readback(e.to_string()))?;
-        receiver
-            .await
-            .map_err(|_| Error::Readback("the device was lost before the copy finished".into()))?
-            .map_err(|e| Error::Readback(e.to_string()))?;
-        self.check_errors()?;
-        let view = staging.slice(..copied).get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
-        let mut bytes = view.to_vec();
-        bytes.truncate(size as usize);
-        drop(view);
-        staging.unmap();
-        pooled.set_returns_to_pool(true);
-        Ok(bytes)
     }
 }
 

@@ -11,6 +11,7 @@ mod pipeline;
 mod pool;
 mod profile;
 pub(crate) mod quant_types;
+mod readback;
 mod tensor;
 pub(crate) mod weight;
 
@@ -20,5 +21,6 @@ pub use context::{CreatedObjects, DeviceDescription, GpuContext, GpuFeatures, Gp
 pub use encoder::{Encoder, ParamsSlot};
 pub use pipeline::{KernelSource, preprocess};
 pub use profile::KernelTime;
+pub use readback::Readback;
 pub use tensor::{Tensor, UNIFORM_WINDOW_BYTES};
 pub use weight::QuantMatrix;

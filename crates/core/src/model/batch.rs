@@ -40,6 +40,18 @@ pub struct SequenceChunk<'a> {
     pub logits: LogitRows,
 }
 
+/// Token ids that a pass takes from the GPU instead of from its chunks: tokens an earlier pass
+/// sampled there and the host has not read back yet. Each `(token, offset)` replaces the
+/// batch's token `token` (counted over every chunk's tokens, in order) with the u32 at byte
+/// `offset` of `source`; the chunk holds any valid id in its place.
+#[derive(Clone, Copy)]
+pub struct GpuTokens<'a> {
+    /// The buffer the ids are in.
+    pub source: &'a Tensor,
+    /// Which tokens of the batch, and where each id is in `source`.
+    pub tokens: &'a [(usize, u64)],
+}
+
 /// The attention inputs of a step: the decode kernel when every chunk is one token, the
 /// prefill kernel otherwise.
 enum StepAttention {
@@ -161,6 +173,31 @@ impl Step {
             n_logit_rows: logit_runs.iter().map(ExactSizeIterator::len).sum(),
             logit_runs,
         })
+    }
+
+    /// Records the copies that overwrite the token ids `gpu_tokens` names: ahead of every
+    /// command that reads them, after the upload of the chunks' ids (queue order).
+    pub fn take_gpu_tokens(&self, encoder: &mut Encoder, gpu_tokens: &GpuTokens<'_>) -> Result<()> {
+        for &(token, offset) in gpu_tokens.tokens {
+            if token >= self.n_tokens()
+                || offset + 4 > (gpu_tokens.source.len() * 4) as u64
+                || offset % 4 != 0
+            {
+                return Err(Error::InvalidBatch(format!(
+                    "token {token} of a batch of {} cannot come from byte {offset} of a tensor of {} words",
+                    self.n_tokens(),
+                    gpu_tokens.source.len()
+                )));
+            }
+            encoder.copy_buffer_to_buffer(
+                gpu_tokens.source.buffer(),
+                offset,
+                self.token_ids.buffer(),
+                token as u64 * 4,
+                4,
+            );
+        }
+        Ok(())
     }
 
     /// Tokens in the batch.

@@ -43,7 +43,7 @@ mod tests;
 
 use std::sync::Arc;
 
-pub use batch::{LogitRows, SequenceChunk};
+pub use batch::{GpuTokens, LogitRows, SequenceChunk};
 pub use config::{Architecture, ModelConfig, RopeSettings, SlidingWindowLayers};
 
 use crate::gguf::GgufFile;
@@ -141,16 +141,18 @@ impl Model {
     /// A prompt may come in one chunk or in several passes (chunked prefill); a decode step is
     /// a chunk of one token. At most [`Model::max_logit_rows`] rows may ask for logits.
     pub fn forward(&self, cache: &KvCache, chunks: &[SequenceChunk<'_>]) -> Result<Tensor> {
-        Ok(self.forward_then(cache, chunks, |_, _, _| Ok(()))?.0)
+        Ok(self.forward_then(cache, chunks, None, |_, _, _| Ok(()))?.0)
     }
 
-    /// [`Model::forward`], with more work recorded after the pass into the same command buffer:
-    /// `then` gets the logits (the engine finds each row's most likely tokens there, so that it
-    /// reads back a few candidates instead of whole rows).
+    /// [`Model::forward`], with some token ids taken from the GPU (`gpu_tokens`: tokens an
+    /// earlier pass sampled, not read back) and more work recorded after the pass into the
+    /// same command buffer: `then` gets the logits (the engine finds each row's most likely
+    /// tokens there, so that it reads back a few candidates instead of whole rows).
     pub fn forward_then<T>(
         &self,
         cache: &KvCache,
         chunks: &[SequenceChunk<'_>],
+        gpu_tokens: Option<GpuTokens<'_>>,
         then: impl FnOnce(&GpuContext, &mut Encoder, &Tensor) -> Result<T>,
     ) -> Result<(Tensor, T)> {
         if cache.shape() != self.kv_cache_shape() {
@@ -164,6 +166,9 @@ impl Model {
         let step = batch::Step::new(ctx, self.config.vocab_size, cache, chunks)?;
         let mut encoder = ctx.encoder("forward");
         encoder.keep_bind_groups(Arc::clone(&self.bind_groups));
+        if let Some(gpu_tokens) = &gpu_tokens {
+            step.take_gpu_tokens(&mut encoder, gpu_tokens)?;
+        }
         let logits = match &self.network {
             Network::Llama(model) => model.forward(ctx, &mut encoder, &step, cache)?,
             Network::Gemma3(model) => model.forward(ctx, &mut encoder, &step, cache)?,

@@ -44,6 +44,11 @@ pub struct BenchArgs {
     /// structured output costs.
     #[arg(long, value_name = "FILE", requires = "streams")]
     json_schema: Option<PathBuf>,
+    /// With `--streams`: whether the engine overlaps decode steps (submits each before reading
+    /// the last one's draws back); by default as the device does (on for GPUs, off for CPU
+    /// devices).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, requires = "streams")]
+    overlap: Option<bool>,
     /// Also time every kernel with GPU timestamps over a few extra decode steps (and the
     /// prefill before them), and print the time per kernel family.
     #[arg(long, conflicts_with = "streams")]
@@ -264,6 +269,15 @@ fn by_family(times: &[flint_core::gpu::KernelTime], phases: usize) -> Vec<Family
     families
 }
 
+/// `on` or `off`.
+fn parse_on_off(value: &str) -> Result<bool, String> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not {other:?}")),
+    }
+}
+
 /// `--streams`: the engine's aggregate decode speed at each number of concurrent streams.
 fn engine_command(args: &BenchArgs, tokenizer: Tokenizer, model: Model) -> anyhow::Result<()> {
     let schema = args.json_schema.as_deref().map(read_json_schema).transpose()?;
@@ -271,7 +285,7 @@ fn engine_command(args: &BenchArgs, tokenizer: Tokenizer, model: Model) -> anyho
     let prompt = prompt_ids(&tokenizer, args.prompt_tokens);
     let most = args.streams.iter().copied().max().unwrap_or(1);
     let (engine, step_loop) =
-        engine_bench::start(model, tokenizer, most, args.prompt_tokens + args.gen_tokens)?;
+        engine_bench::start(model, tokenizer, most, args.prompt_tokens + args.gen_tokens, args.overlap)?;
     let measure = |schema: Option<&serde_json::Value>| {
         engine_bench::run(&engine, &prompt, args.gen_tokens, &args.streams, args.repeats, schema)
     };

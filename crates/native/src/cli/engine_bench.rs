@@ -126,12 +126,13 @@ fn one_round(
 }
 
 /// Starts an engine on `model` with room for `streams` sequences of `tokens` tokens each; its
-/// step loop runs on a thread of its own.
+/// step loop runs on a thread of its own, overlapping decode steps as `overlap_steps` says (`None`: as the device does by default).
 pub fn start(
     model: flint_core::model::Model,
     tokenizer: flint_core::tokenizer::Tokenizer,
     max_streams: usize,
     tokens: usize,
+    overlap_steps: Option<bool>,
 ) -> anyhow::Result<(Engine, JoinHandle<()>)> {
     let per_sequence = tokens.next_multiple_of(flint_core::model::KV_BLOCK_TOKENS);
     let options = EngineOptions {
@@ -140,6 +141,7 @@ pub fn start(
         kv_cache_tokens: Some(per_sequence * max_streams.max(1)),
         prefix_cache: false,
         seed: 0,
+        overlap_steps,
     };
     let (engine, step_loop) = Engine::new(model, tokenizer, options)?;
     let thread = std::thread::spawn(move || futures::executor::block_on(step_loop.run()));

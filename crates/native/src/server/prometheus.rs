@@ -70,6 +70,12 @@ pub fn exposition(m: &EngineMetrics) -> String {
     );
     metric("steps_total", "counter", "Forward passes run.", &[("", m.steps as f64)]);
     metric(
+        "overlapped_steps_total",
+        "counter",
+        "Forward passes submitted before the one before them was read back.",
+        &[("", m.overlapped_steps as f64)],
+    );
+    metric(
         "preemptions_total",
         "counter",
         "Sequences preempted (and later recomputed) because the KV cache was full.",

@@ -11,6 +11,7 @@ use crate::error::panic_message;
 use crate::gpu::{GpuContext, Tensor};
 use crate::kernels::sample::{CandidateDepth, RowCandidates, top_candidates};
 use crate::model::{LogitRows, SequenceChunk};
+use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
 impl StepLoop {
@@ -51,7 +52,7 @@ impl StepLoop {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            self.model.forward_then(&self.cache, &chunks, |ctx, encoder, logits| {
+            self.model.forward_then(&self.cache, &chunks, None, |ctx, encoder, logits| {
                 let Some(depth) = depth else { return Ok(None) };
                 let rows = logits.shape()[0];
                 let out = Tensor::empty(ctx, "candidates", &[rows, depth.words_per_row()])?;
@@ -75,6 +76,7 @@ impl StepLoop {
             None if planned.iter().any(|p| p.rows() > 0) => (logits.to_f32(&ctx).await?, Vec::new()),
             None => (Vec::new(), Vec::new()),
         };
+        let draws = StepDraws { ctx: &ctx, logits: &logits, vocab, candidates, rows };
         let mut generated = 0;
         let mut first_row = 0;
         for p in planned {
@@ -85,13 +87,15 @@ impl StepLoop {
                     p.rows() > 0 && p.positions.end == self.scheduler.running[p.seq].tokens.len();
                 samples_now && self.take_fault(|fault| *fault == Fault::PanicWhileSampling(rid.clone()))
             };
+            #[cfg(not(feature = "fault-injection"))]
+            let panics = false;
             let seq = &mut self.scheduler.running[p.seq];
             let row_range = first_row..first_row + p.rows();
             first_row += p.rows();
             if p.logits == LogitRows::All {
                 seq.collect_input_logprobs(
                     p.positions.start,
-                    &rows[row_range.start * vocab..row_range.end * vocab],
+                    &draws.rows[row_range.start * vocab..row_range.end * vocab],
                     vocab,
                 );
             }
@@ -104,30 +108,7 @@ impl StepLoop {
             if seq.computed < seq.tokens.len() || p.rows() == 0 || seq.finish.is_some() {
                 continue;
             }
-            let last = row_range.end - 1;
-            // A panic while sampling (the sampler's bug) fails this sequence alone.
-            let from_candidates = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                #[cfg(feature = "fault-injection")]
-                if panics {
-                    panic!("fault injected: a panic while sampling");
-                }
-                candidates.get(last).map(|row| seq.sample_next_from(&self.tokenizer, row))
-            }));
-            let sampled = match from_candidates {
-                Ok(Some(Ok(true))) => Ok(()),
-                Ok(Some(Err(error))) => Err(error),
-                Ok(Some(Ok(false))) => match read_row(&ctx, &logits, last, vocab).await {
-                    Ok(row) => sample_guarded(|| seq.sample_next(&self.tokenizer, &row)),
-                    Err(error) => Err(error),
-                },
-                Ok(None) => sample_guarded(|| {
-                    seq.sample_next(&self.tokenizer, &rows[last * vocab..(last + 1) * vocab])
-                }),
-                Err(payload) => {
-                    Err(Error::StepFailed(format!("sampling panicked: {}", panic_message(&*payload))))
-                }
-            };
-            match sampled {
+            match draws.draw(&self.tokenizer, seq, row_range.end - 1, panics).await {
                 Ok(()) => generated += 1,
                 Err(error) => seq.fail(error),
             }
@@ -154,6 +135,53 @@ fn candidate_depth(planned: &[Planned], running: &[Sequence]) -> Option<Candidat
         });
     }
     deepest
+}
+
+/// What a step read back for its draws: each row's candidates, or the whole rows.
+pub(super) struct StepDraws<'a> {
+    pub ctx: &'a GpuContext,
+    /// The step's logits `[rows, vocab]`, still on the GPU.
+    pub logits: &'a Tensor,
+    pub vocab: usize,
+    /// Each row's candidates, when the step searched for them.
+    pub candidates: Vec<RowCandidates>,
+    /// The whole rows, when the step read them back instead.
+    pub rows: Vec<f32>,
+}
+
+impl StepDraws<'_> {
+    /// Draws `seq`'s next token from row `row`: from its candidates when they decide the draw,
+    /// else from the row (read back alone when only candidates were). A panic while sampling
+    /// (the sampler's bug; `inject_panic` fakes one) fails this sequence alone.
+    pub async fn draw(
+        &self,
+        tokenizer: &Tokenizer,
+        seq: &mut Sequence,
+        row: usize,
+        inject_panic: bool,
+    ) -> Result<()> {
+        let vocab = self.vocab;
+        let from_candidates = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if inject_panic {
+                panic!("fault injected: a panic while sampling");
+            }
+            self.candidates.get(row).map(|found| seq.sample_next_from(tokenizer, found))
+        }));
+        match from_candidates {
+            Ok(Some(Ok(true))) => Ok(()),
+            Ok(Some(Err(error))) => Err(error),
+            Ok(Some(Ok(false))) => {
+                let whole = read_row(self.ctx, self.logits, row, vocab).await?;
+                sample_guarded(|| seq.sample_next(tokenizer, &whole))
+            }
+            Ok(None) => {
+                sample_guarded(|| seq.sample_next(tokenizer, &self.rows[row * vocab..(row + 1) * vocab]))
+            }
+            Err(payload) => {
+                Err(Error::StepFailed(format!("sampling panicked: {}", panic_message(&*payload))))
+            }
+        }
+    }
 }
 
 /// Runs a draw, turning a panic into the sequence's error.
