@@ -22,6 +22,7 @@ pub mod model;
 pub mod openai;
 pub mod quant;
 pub mod sample;
+pub mod synth;
 pub mod tokenizer;
 mod tuning;
 

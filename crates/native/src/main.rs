@@ -16,6 +16,7 @@ use cli::gpu::GpuArgs;
 use cli::inspect::{InspectArgs, TokenizeArgs};
 use cli::perplexity::PerplexityArgs;
 use cli::serve::ServeArgs;
+use cli::synth::SynthArgs;
 
 #[derive(Parser)]
 #[command(name = "flint", version, about = "Run large language models from GGUF files on any GPU.")]
@@ -47,6 +48,8 @@ enum Command {
     Tokenize(TokenizeArgs),
     /// Describe the GPU flint would use and measure its memory bandwidth.
     Gpu(GpuArgs),
+    /// Write a synthetic model: random weights at the shapes and types of a named real model.
+    Synth(SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => cli::perplexity::perplexity(&args, quiet),
         Command::Tokenize(args) => cli::inspect::tokenize(&args),
         Command::Gpu(args) => cli::gpu::gpu(&args),
+        Command::Synth(args) => cli::synth::synth(&args, quiet),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,15 +25,15 @@ mod summary;
 mod tensor_info;
 
 #[cfg(test)]
-pub(crate) mod test_writer;
-#[cfg(test)]
 mod tests;
+mod writer;
 
 use std::collections::HashMap;
 
 pub use metadata::{FromMetadata, Metadata, MetadataArray, MetadataValue};
 pub use summary::{HyperParameters, ModelSummary, TensorTypeSummary, TokenizerSummary};
 pub use tensor_info::TensorInfo;
+pub use writer::{GgufWriter, Layout};
 
 use crate::{Error, Result};
 use cursor::Cursor;

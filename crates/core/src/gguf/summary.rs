@@ -248,8 +248,8 @@ impl fmt::Display for ModelSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::GgufWriter;
     use crate::gguf::MetadataValue as V;
-    use crate::gguf::test_writer::GgufWriter;
 
     fn llama_like() -> GgufWriter {
         let tokens = ["<unk>", "<s>", "</s>", "a"].map(String::from).to_vec();

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::gguf::test_writer::{GgufWriter, Layout};
 use crate::gguf::{GgufFile, MetadataArray, MetadataValue};
+use crate::gguf::{GgufWriter, Layout};
 use crate::quant::QuantType;
 
 const F32: u32 = 0;

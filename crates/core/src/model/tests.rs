@@ -10,8 +10,8 @@ use std::sync::Arc;
 use half::f16;
 
 use super::*;
+use crate::gguf::GgufWriter;
 use crate::gguf::MetadataValue;
-use crate::gguf::test_writer::GgufWriter;
 use crate::gpu::GpuOptions;
 use crate::kernels::testing::Rng;
 use crate::model::config::Architecture;

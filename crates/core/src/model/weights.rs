@@ -156,7 +156,7 @@ impl Stacked {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::test_writer::GgufWriter;
+    use crate::gguf::GgufWriter;
     use crate::kernels::norm::{NormWeight, RmsNorm};
     use crate::kernels::testing::{Rng, assert_close, gpu};
     use crate::quant::random_rows;

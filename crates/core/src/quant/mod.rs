@@ -72,6 +72,23 @@ impl QuantType {
         })
     }
 
+    /// The type's GGML type id (what [`QuantType::from_ggml_id`] reads).
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            QuantType::F32 => 0,
+            QuantType::F16 => 1,
+            QuantType::Q4_0 => 2,
+            QuantType::Q4_1 => 3,
+            QuantType::Q5_0 => 6,
+            QuantType::Q5_1 => 7,
+            QuantType::Q8_0 => 8,
+            QuantType::Q4K => 12,
+            QuantType::Q5K => 13,
+            QuantType::Q6K => 14,
+            QuantType::BF16 => 30,
+        }
+    }
+
     /// The GGML name of a type id, known or not (for error messages).
     pub fn ggml_name(id: u32) -> &'static str {
         const NAMES: [&str; 40] = [
@@ -191,5 +208,12 @@ mod row_bytes_tests {
         assert_eq!(QuantType::F32.row_bytes(usize::MAX / 2), None);
         assert_eq!(QuantType::F16.row_bytes(usize::MAX / 2 + 1), None);
         assert_eq!(QuantType::Q6K.row_bytes(usize::MAX / 256 * 256), Some(usize::MAX / 256 * 210));
+    }
+
+    #[test]
+    fn ggml_ids_round_trip() {
+        for quant in QuantType::ALL {
+            assert_eq!(QuantType::from_ggml_id(quant.ggml_id()), Some(quant));
+        }
     }
 }

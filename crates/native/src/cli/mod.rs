@@ -10,3 +10,4 @@ pub mod inspect;
 pub mod model;
 pub mod perplexity;
 pub mod serve;
+pub mod synth;

@@ -1,14 +1,16 @@
-//! A GGUF writer for the reader's tests.
+//! [`GgufWriter`]: writes GGUF files, streaming tensor data that does not fit in memory.
 //!
 //! It writes what it is given without judging it (duplicate keys, five dimensions, unknown
-//! type ids), so tests can build hostile files too, and it records where each count, length,
-//! type and offset field lies so tests can corrupt exactly those bytes.
+//! type ids), so the reader's tests build hostile files with it too, and it records where each
+//! count, length, type and offset field lies so tests can corrupt exactly those bytes.
+
+use std::io::Write;
 
 use crate::gguf::{MetadataArray, MetadataValue};
 
 /// Byte positions of the fields of a written file.
 #[derive(Debug, Default)]
-pub(crate) struct Layout {
+pub struct Layout {
     /// The header's tensor count (u64).
     pub tensor_count: usize,
     /// The header's metadata count (u64).
@@ -31,18 +33,34 @@ pub(crate) struct Layout {
     pub data_start: usize,
 }
 
-struct TestTensor {
+/// A tensor to write: its bytes now, or their length and the bytes later ([`GgufWriter::write`]).
+struct TensorEntry {
     name: String,
     dims: Vec<u64>,
     type_id: u32,
-    data: Vec<u8>,
+    data: TensorData,
+}
+
+enum TensorData {
+    Bytes(Vec<u8>),
+    Later(usize),
+}
+
+impl TensorEntry {
+    fn len(&self) -> usize {
+        match &self.data {
+            TensorData::Bytes(bytes) => bytes.len(),
+            TensorData::Later(len) => *len,
+        }
+    }
 }
 
 /// Builds a GGUF file in memory.
-pub(crate) struct GgufWriter {
+/// A GGUF file being described: metadata and tensors, in the order they are added.
+pub struct GgufWriter {
     version: u32,
     metadata: Vec<(String, MetadataValue)>,
-    tensors: Vec<TestTensor>,
+    tensors: Vec<TensorEntry>,
 }
 
 /// GGUF value type id of a value.
@@ -83,14 +101,22 @@ fn element_type_id(array: &MetadataArray) -> u32 {
     }
 }
 
-struct Output {
-    bytes: Vec<u8>,
+/// Where the bytes go, how many went, and where the fields lie; the first write error is kept.
+struct Output<'w> {
+    out: &'w mut dyn Write,
+    written: usize,
     layout: Layout,
+    error: Option<std::io::Error>,
 }
 
-impl Output {
+impl Output<'_> {
     fn put(&mut self, bytes: &[u8]) {
-        self.bytes.extend_from_slice(bytes);
+        if self.error.is_none()
+            && let Err(error) = self.out.write_all(bytes)
+        {
+            self.error = Some(error);
+        }
+        self.written += bytes.len();
     }
 
     fn put_u32(&mut self, value: u32) {
@@ -102,13 +128,13 @@ impl Output {
     }
 
     fn put_string(&mut self, text: &str) {
-        self.layout.string_lengths.push(self.bytes.len());
+        self.layout.string_lengths.push(self.written);
         self.put_u64(text.len() as u64);
         self.put(text.as_bytes());
     }
 
     fn put_type(&mut self, type_id: u32) {
-        self.layout.value_types.push(self.bytes.len());
+        self.layout.value_types.push(self.written);
         self.put_u32(type_id);
     }
 
@@ -132,7 +158,7 @@ impl Output {
 
     fn put_array(&mut self, array: &MetadataArray) {
         self.put_type(element_type_id(array));
-        self.layout.array_counts.push(self.bytes.len());
+        self.layout.array_counts.push(self.written);
         self.put_u64(array.len() as u64);
         match array {
             MetadataArray::U8(v) => v.iter().for_each(|x| self.put(&x.to_le_bytes())),
@@ -152,31 +178,54 @@ impl Output {
     }
 
     fn pad_to(&mut self, alignment: usize) {
-        self.bytes.resize(self.bytes.len().next_multiple_of(alignment), 0);
+        let padding = self.written.next_multiple_of(alignment) - self.written;
+        self.put(&vec![0; padding]);
     }
 }
 
 impl GgufWriter {
-    /// An empty file of GGUF `version`.
-    pub(crate) fn new(version: u32) -> Self {
+    /// An empty file of GGUF `version` (3 is current).
+    pub fn new(version: u32) -> Self {
         GgufWriter { version, metadata: Vec::new(), tensors: Vec::new() }
     }
 
     /// Adds a metadata entry.
-    pub(crate) fn metadata(mut self, key: &str, value: MetadataValue) -> Self {
+    pub fn metadata(mut self, key: &str, value: MetadataValue) -> Self {
         self.metadata.push((key.to_owned(), value));
         self
     }
 
-    /// Adds a tensor of GGML type `type_id` with `data` as its bytes.
-    pub(crate) fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) -> Self {
-        self.tensors.push(TestTensor { name: name.to_owned(), dims: dims.to_vec(), type_id, data });
+    /// Adds a tensor with its bytes.
+    pub fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) -> Self {
+        let data = TensorData::Bytes(data);
+        self.tensors.push(TensorEntry { name: name.to_owned(), dims: dims.to_vec(), type_id, data });
         self
     }
 
-    /// The file's bytes and where its fields lie. Tensors are placed back to back in the data
-    /// section, each at the next multiple of the alignment, with no padding after the last.
-    pub(crate) fn build(&self) -> (Vec<u8>, Layout) {
+    /// Adds a tensor of `len` bytes that [`GgufWriter::write`] asks for when it gets to it.
+    pub fn tensor_later(mut self, name: &str, dims: &[u64], type_id: u32, len: usize) -> Self {
+        let data = TensorData::Later(len);
+        self.tensors.push(TensorEntry { name: name.to_owned(), dims: dims.to_vec(), type_id, data });
+        self
+    }
+
+    /// The whole file in memory, and where its fields lie.
+    pub fn build(&self) -> (Vec<u8>, Layout) {
+        let mut bytes = Vec::new();
+        let layout = self
+            .write(&mut bytes, |_, _| Ok(()))
+            .unwrap_or_else(|error| unreachable!("writing to memory cannot fail: {error}"));
+        (bytes, layout)
+    }
+
+    /// Writes the file to `out`: header, metadata, tensor infos, then each tensor's bytes, those
+    /// added with [`GgufWriter::tensor_later`] written by `later(index, out)`, which must write
+    /// exactly the length given. Returns where the fields lie.
+    pub fn write(
+        &self,
+        out: &mut dyn Write,
+        mut later: impl FnMut(usize, &mut dyn Write) -> std::io::Result<()>,
+    ) -> std::io::Result<Layout> {
         let alignment = self
             .metadata
             .iter()
@@ -185,12 +234,12 @@ impl GgufWriter {
                 _ => None,
             })
             .unwrap_or(crate::gguf::DEFAULT_ALIGNMENT);
-        let mut out = Output { bytes: Vec::new(), layout: Layout::default() };
+        let mut out = Output { out, written: 0, layout: Layout::default(), error: None };
         out.put(b"GGUF");
         out.put_u32(self.version);
-        out.layout.tensor_count = out.bytes.len();
+        out.layout.tensor_count = out.written;
         out.put_u64(self.tensors.len() as u64);
-        out.layout.metadata_count = out.bytes.len();
+        out.layout.metadata_count = out.written;
         out.put_u64(self.metadata.len() as u64);
         for (key, value) in &self.metadata {
             out.put_string(key);
@@ -200,28 +249,65 @@ impl GgufWriter {
         let mut offset = 0;
         for tensor in &self.tensors {
             out.put_string(&tensor.name);
-            out.layout.n_dims.push(out.bytes.len());
+            out.layout.n_dims.push(out.written);
             out.put_u32(tensor.dims.len() as u32);
             for &dim in &tensor.dims {
-                out.layout.dims.push(out.bytes.len());
+                out.layout.dims.push(out.written);
                 out.put_u64(dim);
             }
-            out.layout.type_ids.push(out.bytes.len());
+            out.layout.type_ids.push(out.written);
             out.put_u32(tensor.type_id);
-            out.layout.offsets.push(out.bytes.len());
+            out.layout.offsets.push(out.written);
             out.put_u64(offset as u64);
-            offset = (offset + tensor.data.len()).next_multiple_of(alignment);
+            offset = (offset + tensor.len()).next_multiple_of(alignment);
         }
         if !self.tensors.is_empty() {
             out.pad_to(alignment);
         }
-        out.layout.data_start = out.bytes.len();
+        out.layout.data_start = out.written;
         for (index, tensor) in self.tensors.iter().enumerate() {
             if index > 0 {
                 out.pad_to(alignment);
             }
-            out.put(&tensor.data);
+            match &tensor.data {
+                TensorData::Bytes(bytes) => out.put(bytes),
+                TensorData::Later(len) => {
+                    if let Some(error) = out.error.take() {
+                        return Err(error);
+                    }
+                    let mut counted = CountingWriter { out: &mut *out.out, written: 0 };
+                    later(index, &mut counted)?;
+                    if counted.written != *len {
+                        return Err(std::io::Error::other(format!(
+                            "tensor '{}' was declared {len} bytes but {} were written",
+                            tensor.name, counted.written
+                        )));
+                    }
+                    out.written += len;
+                }
+            }
         }
-        (out.bytes, out.layout)
+        match out.error {
+            Some(error) => Err(error),
+            None => Ok(out.layout),
+        }
+    }
+}
+
+/// Counts what passes through to the file.
+struct CountingWriter<'w> {
+    out: &'w mut dyn Write,
+    written: usize,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.out.write(bytes)?;
+        self.written += written;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
