@@ -5,7 +5,7 @@
 //! Llama-3.1-8B measures what the real one would, on a machine that cannot download it (CI, a
 //! GPU machine without network), and llama.cpp reads the same file. The weights are random
 //! quantized blocks of standard deviation 0.02 (norm weights ~1), the vocabulary a synthetic
-//! byte-level BPE of the real size (`vocab.rs`).
+//! byte-level BPE or SentencePiece one of the real size (`vocab.rs`).
 //!
 //! ```no_run
 //! # fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,7 +27,7 @@ use crate::gguf::{GgufWriter, MetadataArray, MetadataValue};
 use crate::quant::QuantType;
 use crate::{Error, Result};
 use blocks::{SplitMix, tensor_bytes, write_random};
-use vocab::synthetic_vocab;
+use vocab::{Vocab, bpe_vocab, spm_vocab};
 
 /// Standard deviation of the random weights.
 const WEIGHT_SIGMA: f32 = 0.02;
@@ -41,6 +41,9 @@ pub enum SynthArchitecture {
     Qwen2,
     /// `qwen3`: per-head q and k norms.
     Qwen3,
+    /// `gemma3`: sliding-window layers, post norms, per-head q and k norms, a SentencePiece
+    /// vocabulary.
+    Gemma3,
 }
 
 impl SynthArchitecture {
@@ -49,11 +52,21 @@ impl SynthArchitecture {
             SynthArchitecture::Llama => "llama",
             SynthArchitecture::Qwen2 => "qwen2",
             SynthArchitecture::Qwen3 => "qwen3",
+            SynthArchitecture::Gemma3 => "gemma3",
         }
     }
 }
 
-/// Llama 3's rope scaling, stored as per-frequency factors in `rope_freqs.weight`.
+/// How a model scales rope positions.
+#[derive(Clone, Copy, Debug)]
+pub enum RopeScaling {
+    /// Llama 3's, stored as per-frequency factors in `rope_freqs.weight`.
+    Llama3(Llama3RopeScaling),
+    /// Positions divided by the factor (`rope.scaling.type = linear`): Gemma 3's global layers.
+    Linear(f32),
+}
+
+/// Llama 3's rope scaling.
 #[derive(Clone, Copy, Debug)]
 pub struct Llama3RopeScaling {
     /// `factor`.
@@ -95,12 +108,26 @@ pub struct ModelShape {
     pub rms_eps: f32,
     /// The output projection is the token embedding.
     pub tied: bool,
-    /// Llama 3 rope scaling, when the model has it.
-    pub rope_scaling: Option<Llama3RopeScaling>,
-    /// `tokenizer.ggml.pre`.
-    pub pre_tokenizer: &'static str,
-    /// The begin- and end-of-text tokens.
-    pub special: [&'static str; 2],
+    /// Rope scaling, when the model has it.
+    pub rope_scaling: Option<RopeScaling>,
+    /// Tokens a local layer attends to (Gemma 3); 0 for none.
+    pub sliding_window: usize,
+    /// The vocabulary's kind.
+    pub tokenizer: SynthTokenizer,
+}
+
+/// The kind of a synthetic vocabulary.
+#[derive(Clone, Copy, Debug)]
+pub enum SynthTokenizer {
+    /// Byte-level BPE (`gpt2`).
+    Bpe {
+        /// `tokenizer.ggml.pre`.
+        pre: &'static str,
+        /// Begin- and end-of-text tokens.
+        special: [&'static str; 2],
+    },
+    /// SentencePiece (`llama`) laid out as Gemma's.
+    SentencePiece,
 }
 
 const LLAMA_3_2: Llama3RopeScaling =
@@ -124,9 +151,9 @@ const LLAMA: ModelShape = ModelShape {
     rope_base: 500_000.0,
     rms_eps: 1e-5,
     tied: true,
-    rope_scaling: Some(LLAMA_3_2),
-    pre_tokenizer: "llama-bpe",
-    special: LLAMA3_SPECIAL,
+    rope_scaling: Some(RopeScaling::Llama3(LLAMA_3_2)),
+    sliding_window: 0,
+    tokenizer: SynthTokenizer::Bpe { pre: "llama-bpe", special: LLAMA3_SPECIAL },
 };
 
 const SMOLLM2: ModelShape = ModelShape {
@@ -141,8 +168,7 @@ const SMOLLM2: ModelShape = ModelShape {
     context: 8192,
     rope_base: 100_000.0,
     rope_scaling: None,
-    pre_tokenizer: "smollm",
-    special: SMOLLM_SPECIAL,
+    tokenizer: SynthTokenizer::Bpe { pre: "smollm", special: SMOLLM_SPECIAL },
     ..LLAMA
 };
 
@@ -161,8 +187,8 @@ const QWEN2: ModelShape = ModelShape {
     rms_eps: 1e-6,
     tied: true,
     rope_scaling: None,
-    pre_tokenizer: "qwen2",
-    special: QWEN_SPECIAL,
+    sliding_window: 0,
+    tokenizer: SynthTokenizer::Bpe { pre: "qwen2", special: QWEN_SPECIAL },
 };
 
 const QWEN3: ModelShape = ModelShape {
@@ -177,6 +203,25 @@ const QWEN3: ModelShape = ModelShape {
     ..QWEN2
 };
 
+const GEMMA3: ModelShape = ModelShape {
+    name: "",
+    architecture: SynthArchitecture::Gemma3,
+    hidden: 1152,
+    ffn: 6912,
+    layers: 26,
+    heads: 4,
+    kv_heads: 1,
+    head_dim: 256,
+    vocab: 262_144,
+    context: 32_768,
+    rope_base: 1_000_000.0,
+    rms_eps: 1e-6,
+    tied: true,
+    rope_scaling: None,
+    sliding_window: 512,
+    tokenizer: SynthTokenizer::SentencePiece,
+};
+
 /// The models [`write_model`] knows, by name.
 pub const SHAPES: &[ModelShape] = &[
     ModelShape { name: "llama-3.2-1b", ..LLAMA },
@@ -188,7 +233,7 @@ pub const SHAPES: &[ModelShape] = &[
         layers: 32,
         head_dim: 128,
         tied: false,
-        rope_scaling: Some(LLAMA_3_1),
+        rope_scaling: Some(RopeScaling::Llama3(LLAMA_3_1)),
         ..LLAMA
     },
     ModelShape { name: "smollm2-135m", ..SMOLLM2 },
@@ -238,6 +283,20 @@ pub const SHAPES: &[ModelShape] = &[
     ModelShape { name: "qwen3-1.7b", hidden: 2048, ffn: 6144, ..QWEN3 },
     ModelShape { name: "qwen3-4b", hidden: 2560, ffn: 9728, layers: 36, heads: 32, ..QWEN3 },
     ModelShape { name: "qwen3-8b", hidden: 4096, ffn: 12_288, layers: 36, heads: 32, tied: false, ..QWEN3 },
+    ModelShape { name: "gemma-3-1b", ..GEMMA3 },
+    ModelShape {
+        name: "gemma-3-4b",
+        hidden: 2560,
+        ffn: 10_240,
+        layers: 34,
+        heads: 8,
+        kv_heads: 4,
+        vocab: 262_208,
+        context: 131_072,
+        rope_scaling: Some(RopeScaling::Linear(8.0)),
+        sliding_window: 1024,
+        ..GEMMA3
+    },
 ];
 
 /// Which tensor types a synthetic file uses, as llama.cpp's quantizer would choose them.
@@ -379,13 +438,14 @@ impl ModelShape {
         // A tied embedding is the output projection too, and llama.cpp types it as one.
         let embedding_role = if self.tied { Role::Output } else { Role::Other };
         let mut tensors = vec![matrix("token_embd.weight".into(), self.vocab, hidden, embedding_role, 0)];
-        if let Some(scaling) = self.rope_scaling {
+        if let Some(RopeScaling::Llama3(scaling)) = self.rope_scaling {
             tensors.push(vector(
                 "rope_freqs.weight".into(),
                 self.head_dim / 2,
                 Fill::Values(self.rope_factors(scaling)),
             ));
         }
+        let gemma = self.architecture == SynthArchitecture::Gemma3;
         for layer in 0..self.layers {
             let name = |suffix: &str| format!("blk.{layer}.{suffix}");
             tensors.push(vector(name("attn_norm.weight"), hidden, Fill::Norm));
@@ -397,15 +457,21 @@ impl ModelShape {
                 tensors.push(vector(name("attn_k.bias"), kv_width, Fill::Bias));
                 tensors.push(vector(name("attn_v.bias"), kv_width, Fill::Bias));
             }
-            if self.architecture == SynthArchitecture::Qwen3 {
+            if matches!(self.architecture, SynthArchitecture::Qwen3 | SynthArchitecture::Gemma3) {
                 tensors.push(vector(name("attn_q_norm.weight"), self.head_dim, Fill::Norm));
                 tensors.push(vector(name("attn_k_norm.weight"), self.head_dim, Fill::Norm));
             }
             tensors.push(matrix(name("attn_output.weight"), hidden, q_width, Role::Other, layer));
+            if gemma {
+                tensors.push(vector(name("post_attention_norm.weight"), hidden, Fill::Norm));
+            }
             tensors.push(vector(name("ffn_norm.weight"), hidden, Fill::Norm));
             tensors.push(matrix(name("ffn_gate.weight"), self.ffn, hidden, Role::Other, layer));
             tensors.push(matrix(name("ffn_up.weight"), self.ffn, hidden, Role::Other, layer));
             tensors.push(matrix(name("ffn_down.weight"), hidden, self.ffn, Role::MoreBits, layer));
+            if gemma {
+                tensors.push(vector(name("post_ffw_norm.weight"), hidden, Fill::Norm));
+            }
         }
         tensors.push(vector("output_norm.weight".into(), hidden, Fill::Norm));
         if !self.tied {
@@ -440,9 +506,9 @@ impl ModelShape {
         let arch = self.architecture.name();
         let key = |suffix: &str| format!("{arch}.{suffix}");
         let u32_of = |value: usize| MetadataValue::U32(value as u32);
-        let vocab = synthetic_vocab(self.vocab, self.special[0], self.special[1], seed);
-        vec![
-            ("general.architecture".into(), MetadataValue::String(arch.into())),
+        let string = |value: &str| MetadataValue::String(value.into());
+        let mut metadata = vec![
+            ("general.architecture".into(), string(arch)),
             ("general.name".into(), MetadataValue::String(format!("{} (synthetic, seed {seed})", self.name))),
             ("general.file_type".into(), MetadataValue::U32(mix.file_type())),
             (key("context_length"), u32_of(self.context)),
@@ -457,18 +523,37 @@ impl ModelShape {
             (key("rope.freq_base"), MetadataValue::F32(self.rope_base)),
             (key("rope.dimension_count"), u32_of(self.head_dim)),
             (key("vocab_size"), u32_of(self.vocab)),
-            ("tokenizer.ggml.model".into(), MetadataValue::String("gpt2".into())),
-            ("tokenizer.ggml.pre".into(), MetadataValue::String(self.pre_tokenizer.into())),
-            ("tokenizer.ggml.tokens".into(), MetadataValue::Array(MetadataArray::String(vocab.tokens))),
-            ("tokenizer.ggml.token_type".into(), MetadataValue::Array(MetadataArray::I32(vocab.token_types))),
-            ("tokenizer.ggml.merges".into(), MetadataValue::Array(MetadataArray::String(vocab.merges))),
-            ("tokenizer.ggml.bos_token_id".into(), MetadataValue::U32(vocab.bos)),
-            ("tokenizer.ggml.eos_token_id".into(), MetadataValue::U32(vocab.eos)),
-            (
-                "tokenizer.ggml.add_bos_token".into(),
-                MetadataValue::Bool(self.architecture == SynthArchitecture::Llama),
-            ),
-        ]
+        ];
+        if self.sliding_window > 0 {
+            metadata.push((key("attention.sliding_window"), u32_of(self.sliding_window)));
+        }
+        if let Some(RopeScaling::Linear(factor)) = self.rope_scaling {
+            metadata.push((key("rope.scaling.type"), string("linear")));
+            metadata.push((key("rope.scaling.factor"), MetadataValue::F32(factor)));
+        }
+        let (model, pre, vocab, add_bos) = match self.tokenizer {
+            SynthTokenizer::Bpe { pre, special } => {
+                let vocab = bpe_vocab(self.vocab, special[0], special[1], seed);
+                ("gpt2", pre, vocab, self.architecture == SynthArchitecture::Llama)
+            }
+            SynthTokenizer::SentencePiece => ("llama", "default", spm_vocab(self.vocab, seed), true),
+        };
+        let Vocab { tokens, token_types, merges, scores, bos, eos } = vocab;
+        let array = |array: MetadataArray| MetadataValue::Array(array);
+        metadata.push(("tokenizer.ggml.model".into(), string(model)));
+        metadata.push(("tokenizer.ggml.pre".into(), string(pre)));
+        metadata.push(("tokenizer.ggml.tokens".into(), array(MetadataArray::String(tokens))));
+        metadata.push(("tokenizer.ggml.token_type".into(), array(MetadataArray::I32(token_types))));
+        if !merges.is_empty() {
+            metadata.push(("tokenizer.ggml.merges".into(), array(MetadataArray::String(merges))));
+        }
+        if !scores.is_empty() {
+            metadata.push(("tokenizer.ggml.scores".into(), array(MetadataArray::F32(scores))));
+        }
+        metadata.push(("tokenizer.ggml.bos_token_id".into(), MetadataValue::U32(bos)));
+        metadata.push(("tokenizer.ggml.eos_token_id".into(), MetadataValue::U32(eos)));
+        metadata.push(("tokenizer.ggml.add_bos_token".into(), MetadataValue::Bool(add_bos)));
+        metadata
     }
 }
 

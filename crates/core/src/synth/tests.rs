@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, GgufWriter};
 use crate::gpu::{GpuContext, GpuOptions};
 use crate::model::{LogitRows, Model, ModelConfig, SequenceChunk};
 use crate::tokenizer::Tokenizer;
@@ -18,6 +18,7 @@ fn shapes_have_the_parameter_counts_of_the_real_models() {
         ("smollm2-135m", 134_515_008),
         ("qwen2.5-0.5b", 494_032_768),
         ("qwen2.5-7b", 7_615_616_512),
+        ("gemma-3-1b", 999_885_952),
     ];
     for (name, parameters) in published {
         assert_eq!(shape(name).unwrap().parameters(), parameters, "{name}");
@@ -90,4 +91,22 @@ fn a_synthetic_model_loads_tokenizes_and_runs() {
     // Normed hidden states against weights of deviation 0.02 over 576 columns: ~0.5.
     assert!((0.1..3.0).contains(&std), "logits' standard deviation {std}");
     cache.release(table);
+}
+
+#[test]
+fn synthetic_vocabularies_tokenize_any_text_and_give_it_back() {
+    for name in ["gemma-3-1b", "llama-3.2-1b"] {
+        let shape = shape_named(name);
+        let mut writer = GgufWriter::new(3);
+        for (key, value) in shape.metadata(QuantMix::Q8_0, 5) {
+            writer = writer.metadata(&key, value);
+        }
+        let file = GgufFile::from_bytes(writer.build().0).unwrap();
+        let tokenizer = Tokenizer::from_gguf(&file).unwrap();
+        assert_eq!(tokenizer.vocab_size(), shape.vocab, "{name}");
+        let text = "Any text, even ünïcödé and\ttabs: 1234 — tokenizes.";
+        let ids = tokenizer.encode(text, false, false);
+        assert!(ids.len() < text.chars().count(), "{name}: merges apply: {} tokens", ids.len());
+        assert_eq!(tokenizer.decode(&ids, false).unwrap(), text, "{name}");
+    }
 }
