@@ -147,6 +147,12 @@ impl Sequence {
         if self.request.return_logprob { None } else { self.sampler.candidates_needed() }
     }
 
+    /// True when `position` holds the sequence's last token and the KV cache everything before
+    /// it: the next pass feeds that token there and draws from its row.
+    pub fn awaits_position(&self, position: usize) -> bool {
+        self.computed == position && self.tokens.len() == position + 1
+    }
+
     /// True while the sequence runs and its next draw is its row's most likely token, which the
     /// GPU finds itself: its steps may overlap (`step_loop/overlap.rs`).
     pub fn draws_on_gpu(&self) -> bool {

@@ -54,7 +54,7 @@ impl StepLoop {
             && planned.iter().all(|p| {
                 let seq = &running[p.seq];
                 p.positions.len() == 1
-                    && p.positions.end == seq.tokens.len()
+                    && seq.awaits_position(p.positions.start)
                     && p.logits == LogitRows::Last
                     && seq.draws_on_gpu()
             })
@@ -125,7 +125,7 @@ impl StepLoop {
     /// discarded, a request waits for room in the batch, a sequence is one token from its
     /// limit or draws otherwise, or the cache is full).
     fn next_rows(&mut self, previous: &InFlight) -> Option<Vec<(usize, usize)>> {
-        if !self.scheduler.overlaps_steps() || self.scheduler.would_admit() {
+        if self.scheduler.would_admit() {
             return None;
         }
         let running = &self.scheduler.running;
@@ -133,8 +133,7 @@ impl StepLoop {
             && running.iter().zip(&previous.rows).all(|(seq, &(id, position))| {
                 seq.id == id
                     && seq.draws_on_gpu()
-                    && seq.computed == position
-                    && seq.tokens.len() == position + 1
+                    && seq.awaits_position(position)
                     && seq.generated() + 1 < seq.sampler.params().max_new_tokens
                     && !previous.discarded.contains(&id)
             });
@@ -166,8 +165,7 @@ impl StepLoop {
         for (row, &(id, position)) in rows.iter().enumerate() {
             let Some(index) = self.scheduler.running.iter().position(|seq| seq.id == id) else { continue };
             let seq = &self.scheduler.running[index];
-            let fed_host_token = seq.computed == position && seq.tokens.len() == position + 1;
-            if seq.finish.is_some() || discarded.contains(&id) || !fed_host_token {
+            if seq.finish.is_some() || discarded.contains(&id) || !seq.awaits_position(position) {
                 continue;
             }
             #[cfg(feature = "fault-injection")]
