@@ -4,9 +4,11 @@
 //! chunks gives the logits of the prompt at once, and a batch of sequences the logits of each
 //! alone.
 //!
-//! flint's logits equal those of a plain f64 forward pass of the same weights (log-probabilities
-//! within 2.3e-5 on both models, measured). llama.cpp's CPU matmuls quantize activations to 8
-//! bits and its KV cache is f16, which moves its log-probabilities by up to a few tenths of a
+//! flint's logits equal those of a plain f64 forward pass of the same weights with keys and
+//! values rounded to f16, as both engines' KV caches hold them (log-probabilities within 2.3e-5
+//! on both models, measured when flint's cache was f32; see `tests/tiny_models.rs` for the f16
+//! cache against an exact pass). llama.cpp's CPU matmuls quantize activations to 8 bits, which
+//! moves its log-probabilities by up to a few tenths of a
 //! nat: where two tokens are that close, the engines may pick differently. The bounds below
 //! allow such near-ties and nothing more; each says what was measured.
 //!
@@ -312,8 +314,8 @@ struct PerplexityReference {
 /// The text llama.cpp's perplexity was measured on (Debian's copy of the Apache License 2.0).
 const PERPLEXITY_TEXT: &str = "/usr/share/common-licenses/Apache-2.0";
 /// Bounds on flint's perplexity relative to llama.cpp's. flint's equals that of an f64 forward
-/// pass of the same weights (30.057 for SmolLM2); llama.cpp's 8-bit activations and f16 KV
-/// cache cost it some: the f64 pass with them emulated gives 30.39 for SmolLM2 (llama.cpp:
+/// pass of the same weights (30.057 for SmolLM2 with f32 keys and values; flint's f16 cache gives
+/// 30.053); llama.cpp's 8-bit activations and f16 KV cache cost it some: the f64 pass with them emulated gives 30.39 for SmolLM2 (llama.cpp:
 /// 30.30) and 115.3 for gemma3 (llama.cpp: 114.2, flint: 112.0). So flint may be up to 3% below
 /// llama.cpp (the 1% holds for SmolLM2 only) and at most 1% above: a broken forward pass
 /// raises the perplexity, or, if it lets tokens see the future, collapses it.
@@ -375,9 +377,11 @@ fn gemma3_perplexity_matches_llama_cpp() {
 /// Bound on the difference of two computations of the same logits, relative to the largest
 /// |logit| of the row. Prefill in chunks or batched with other sequences runs the same
 /// arithmetic except where the attention kernels (decode against prefill, key tiles in other
-/// places) add in another order: f32 rounding that grows through the layers (measured: at most
-/// 1.3e-6; batches are bit-identical to sequences alone on lavapipe).
-const SAME_LOGITS_TOLERANCE: f32 = 1e-5;
+/// places) add in another order: f32 rounding that grows through the layers, and where a key or
+/// value lies that close to an f16 rounding boundary, an f16 ulp in the KV cache. Measured on
+/// lavapipe: SmolLM2 bit-identical; gemma3 at most 6.2e-5 (1.3e-6 with an f32 cache). A key in
+/// the wrong slot or at the wrong position moves logits by a tenth or more.
+const SAME_LOGITS_TOLERANCE: f32 = 2e-4;
 
 fn assert_same_logits(what: &str, vocab: usize, actual: &[f32], expected: &[f32]) {
     assert_eq!(actual.len(), expected.len(), "{what}: number of logits");

@@ -1,7 +1,9 @@
 // Pieces shared by the attention kernels over a paged KV cache (attention_decode.wgsl,
 // attention_prefill.wgsl), concatenated before them.
 //
-// The cache of one layer: K and V, each [num_blocks, block_size, n_kv_heads, HEAD_DIM] f32.
+// The cache of one layer: K and V, each [num_blocks, block_size, n_kv_heads, HEAD_DIM] f16,
+// stored as u32 words of two halves (pack2x16float: the lower dim in the low half) and read as
+// vec2<u32>, one vec4 of dims at a time (pack_halves, unpack_halves).
 // Position j of sequence s lives in slot block_table[s * max_blocks_per_seq + j / block_size]
 // * block_size + j % block_size. Query head h reads kv head h / (n_heads / n_kv_heads).
 // A query at position p sees the keys at positions j <= p with p - j < window (window 0 = all).
@@ -75,29 +77,49 @@ fn soft_cap(logit: f32) -> f32 {
     return params.softcap * sign(x) * (1.0 - e) / (1.0 + e);
 }
 
+// Four dims as the cache stores them, and back.
+fn pack_halves(x: vec4<f32>) -> vec2<u32> {
+    return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+}
+
+fn unpack_halves(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+// `x` rounded to what the cache keeps of it: a new key or value used straight from registers
+// gets the same value as when read back from the cache.
+fn as_cached(x: vec4<f32>) -> vec4<f32> {
+    return unpack_halves(pack_halves(x));
+}
+
 // The cached key and value vec4 i. KV_TEXTURES (serial kernels): from the kernel's k_texture and
 // v_texture, rgba32uint textures TEXTURE_WIDTH texels wide into which the cache was copied before
-// the dispatch, vec4 i at texel i (a texture load is a gather on lavapipe, a storage load a loop
-// over the lanes); decode never reads its new key from the cache, so the copy has every key it
-// reads. Otherwise from k_cache and v_cache.
+// the dispatch, vec4s 2t and 2t + 1 in texel t (a texture load is a gather on lavapipe, a storage
+// load a loop over the lanes); decode never reads its new key from the cache, so the copy has
+// every key it reads. Otherwise from k_cache and v_cache.
 #if KV_TEXTURES
+fn texel_halves(texel: vec4<u32>, i: u32) -> vec4<f32> {
+    return unpack_halves(select(texel.xy, texel.zw, (i & 1u) == 1u));
+}
+
 fn texel(i: u32) -> vec2<u32> {
-    return vec2<u32>(i % TEXTURE_WIDTH, i / TEXTURE_WIDTH);
+    let t = i / 2u;
+    return vec2<u32>(t % TEXTURE_WIDTH, t / TEXTURE_WIDTH);
 }
 
 fn cached_key(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(textureLoad(k_texture, texel(i)));
+    return texel_halves(textureLoad(k_texture, texel(i)), i);
 }
 
 fn cached_value(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(textureLoad(v_texture, texel(i)));
+    return texel_halves(textureLoad(v_texture, texel(i)), i);
 }
 #else
 fn cached_key(i: u32) -> vec4<f32> {
-    return k_cache[i];
+    return unpack_halves(k_cache[i]);
 }
 
 fn cached_value(i: u32) -> vec4<f32> {
-    return v_cache[i];
+    return unpack_halves(v_cache[i]);
 }
 #endif

@@ -6,8 +6,8 @@
 // RMSNorm per head), rotated (rope) and scaled here; its key likewise, unscaled; its key and
 // value are written to the token's cache slot for later steps. This dispatch never reads that
 // slot: every workgroup (or invocation) that needs the new key computes it from k_new itself and
-// takes the new value from v_new, since another one writes the slot with no ordering between
-// them. Exactly one, the first chunk of each (sequence, kv head), writes it.
+// takes the new value from v_new (each rounded to f16 as the cache holds it), since another one
+// writes the slot with no ordering between them. Exactly one, the first chunk of each (sequence, kv head), writes it.
 //
 // Layout: q and out [n_seqs, n_heads, HEAD_DIM] f32; k_new and v_new [n_seqs, n_kv_heads,
 // HEAD_DIM] f32; context_lens u32 [n_seqs]; block_table u32 [n_seqs, max_blocks_per_seq];
@@ -56,8 +56,8 @@ struct HeadConstants {
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> k_new: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> v_new: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<vec2<u32>>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<vec2<u32>>;
 @group(0) @binding(7) var<storage, read> context_lens: array<u32>;
 @group(0) @binding(8) var<storage, read> block_table: array<u32>;
 @group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
@@ -125,7 +125,7 @@ fn new_vec4_index(seq: u32, kv_head: u32) -> u32 {
 
 // The chunk's scaled queries, [GROUP_HEADS, HEAD_VEC4S].
 var<workgroup> head_vec4s: array<vec4<f32>, HEAD_SLOTS>;
-// The new token's key, normalised and rotated.
+// The new token's key, normalised, rotated and rounded as the cache stores it.
 var<workgroup> new_key: array<vec4<f32>, HEAD_VEC4S>;
 #if HEAD_NORMS
 // 1 / rms of the chunk's query heads, then of the new key.
@@ -202,7 +202,7 @@ fn prepare_heads(
             head_vec4s[b / 4u][b % 4u] = y.y;
         } else {
             let x = vec2<f32>(new_key[d.x / 4u][d.x % 4u], new_key[d.y / 4u][d.y % 4u]);
-            let y = transform_pair(x, j, d, true, inv_rms, position);
+            let y = unpack2x16float(pack2x16float(transform_pair(x, j, d, true, inv_rms, position)));
             new_key[d.x / 4u][d.x % 4u] = y.x;
             new_key[d.y / 4u][d.y % 4u] = y.y;
         }
@@ -212,8 +212,8 @@ fn prepare_heads(
     if stores_new_key && position < table_capacity() {
         let base = cache_vec4_index(key_slot(seq, position), kv_head);
         for (var i = lane; i < HEAD_VEC4S; i += WG) {
-            k_cache[base + i] = new_key[i];
-            v_cache[base + i] = v_new[new_row + i];
+            k_cache[base + i] = pack_halves(new_key[i]);
+            v_cache[base + i] = pack_halves(v_new[new_row + i]);
         }
     }
     return keys;

@@ -68,7 +68,7 @@ fn attention_decode(
             slot = key_slot(seq, tile + lane);
             let base = cache_vec4_index(slot, kv_head);
             for (var i = 0u; i < HEAD_VEC4S; i++) {
-                let k = k_cache[base + i];
+                let k = cached_key(base + i);
                 for (var h = 0u; h < GROUP_HEADS; h++) {
                     scores[h] += dot(head_vec4s[h * HEAD_VEC4S + i], k);
                 }
@@ -101,9 +101,9 @@ fn attention_decode(
             for (var i = key_group; i < tile_len; i += KEY_GROUPS) {
                 var v: vec4<f32>;
                 if tile_slots[i] == FRESH_SLOT {
-                    v = v_new[new_row + c];
+                    v = as_cached(v_new[new_row + c]);
                 } else {
-                    v = v_cache[cache_vec4_index(tile_slots[i], kv_head) + c];
+                    v = cached_value(cache_vec4_index(tile_slots[i], kv_head) + c);
                 }
                 for (var h = 0u; h < GROUP_HEADS; h++) {
                     let p = tile_probs[h * WG + i];

@@ -94,7 +94,7 @@ fn attention_decode(
     if position < keys.y {
         let w = score_key(&query, &fresh_key, &running_max, &sum);
         for (var j = 0u; j < LANE_VEC4S; j++) {
-            let v = v_new[new_row + lane_vec4(lane, j)];
+            let v = as_cached(v_new[new_row + lane_vec4(lane, j)]);
             for (var h = 0u; h < GROUP_HEADS; h++) {
                 acc[h * LANE_VEC4S + j] = acc[h * LANE_VEC4S + j] * w.rescale[h] + w.p[h] * v;
             }

@@ -29,8 +29,8 @@
 @group(0) @binding(2) var k_texture: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(3) var v_texture: texture_storage_2d<rgba32uint, read>;
 #else
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec2<u32>>;
 #endif
 @group(0) @binding(4) var<storage, read> seq_ids: array<u32>;
 @group(0) @binding(5) var<storage, read> positions: array<u32>;

@@ -95,8 +95,8 @@ fn attention_prefill(
                 // Keys past the run's end are masked below; zeros keep their dot products finite.
                 if key < run.z {
                     let index = cache_vec4_index(key_slot(run.w, key), kv_head) + e % HEAD_VEC4S;
-                    k = k_cache[index];
-                    v = v_cache[index];
+                    k = cached_key(index);
+                    v = cached_value(index);
                 }
                 k_tile[e] = k;
                 v_tile[e] = v;

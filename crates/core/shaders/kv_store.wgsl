@@ -2,7 +2,7 @@
 //
 // Layout: k_new and v_new [n_tokens, n_kv_heads * head_dim] f32, read as vec4; slots u32
 // [n_tokens], the cache slot (block * block_size + offset) of each token; k_cache and v_cache
-// [num_blocks * block_size, n_kv_heads * head_dim] f32.
+// [num_blocks * block_size, n_kv_heads * head_dim] f16, two to a u32 word, written as vec2<u32>.
 // Workgroup: WG invocations, one vec4 of one token's row each (for K and for V), linear index
 // wg.x + wg.y * num_workgroups.x on a 1-D or 2-D grid.
 // A token whose slot is past the cache (e.g. 0xffffffff for padding) is not stored.
@@ -21,8 +21,12 @@ struct Params {
 @group(0) @binding(1) var<storage, read> k_new: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> v_new: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> slots: array<u32>;
-@group(0) @binding(4) var<storage, read_write> k_cache: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> v_cache: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> k_cache: array<vec2<u32>>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<vec2<u32>>;
+
+fn pack_halves(x: vec4<f32>) -> vec2<u32> {
+    return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+}
 
 @compute @workgroup_size(WG)
 fn kv_store(
@@ -38,7 +42,7 @@ fn kv_store(
     let slot = slots[token];
     if slot < params.n_slots {
         let at = slot * params.row_vec4s + i % params.row_vec4s;
-        k_cache[at] = k_new[i];
-        v_cache[at] = v_new[i];
+        k_cache[at] = pack_halves(k_new[i]);
+        v_cache[at] = pack_halves(v_new[i]);
     }
 }

@@ -46,8 +46,9 @@ fn bench_reports_consistent_figures() {
     );
     let file_bytes = std::fs::metadata(&path).unwrap().len() as f64;
     assert!(number("weight_bytes") > 0.9 * file_bytes && number("weight_bytes") < file_bytes);
-    // 2 sequences of 24 tokens, rounded up to blocks of 16: 64 tokens × 30 layers × K and V × 3 heads × 64 × 4 bytes.
-    assert_eq!(number("kv_cache_bytes"), (64 * 30 * 2 * 3 * 64 * 4) as f64);
+    // 2 sequences of 24 tokens, rounded up to blocks of 16: 64 tokens × 30 layers × K and V × 3 heads × 64 × 2
+    // bytes (f16).
+    assert_eq!(number("kv_cache_bytes"), (64 * 30 * 2 * 3 * 64 * 2) as f64);
     // The peak holds the weights (as on the GPU: about their size in the file), the KV cache and
     // a step's activations, which for 40 prompt tokens are a few MiB.
     let held = number("weight_bytes") + number("kv_cache_bytes");

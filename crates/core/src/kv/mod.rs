@@ -1,8 +1,8 @@
 //! The paged KV cache: every layer's keys and values in fixed-size blocks of tokens, a free list
 //! of blocks, and one block table per sequence.
 //!
-//! A [`KvCache`] owns, per layer, a K and a V tensor `[num_blocks, block_size, n_kv_heads,
-//! head_dim]` (the [`KvCacheLayer`] the attention kernels read) and a [`BlockPool`]. A
+//! A [`KvCache`] owns, per layer, a K and a V tensor of f16 `[num_blocks, block_size,
+//! n_kv_heads, head_dim]` (the [`KvCacheLayer`] the attention kernels read) and a [`BlockPool`]. A
 //! sequence's [`KvBlockTable`] lists the blocks it uses in position order: its token at
 //! position `p` lives in slot `blocks[p / block_size] * block_size + p % block_size` of every
 //! layer. [`KvCache::append`] reserves slots for new tokens (taking blocks from the pool as the
@@ -47,6 +47,10 @@ use crate::gpu::{GpuContext, Tensor};
 use crate::kernels::attention::KvCacheLayer;
 use crate::{Error, Result};
 
+/// Bytes of one cached key or value element: the cache holds f16, as llama.cpp's does by default
+/// (half the memory and half the attention reads of f32).
+pub const KV_ELEMENT_BYTES: usize = 2;
+
 /// What one token's keys and values look like in every layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCacheShape {
@@ -59,9 +63,9 @@ pub struct KvCacheShape {
 }
 
 impl KvCacheShape {
-    /// Bytes of one token's keys (or values) in one layer: f32 elements.
+    /// Bytes of one token's keys (or values) in one layer: f16 elements.
     pub fn token_bytes_per_layer(&self) -> u64 {
-        (self.kv_heads * self.head_dim * 4) as u64
+        (self.kv_heads * self.head_dim * KV_ELEMENT_BYTES) as u64
     }
 }
 
@@ -136,6 +140,12 @@ impl KvCache {
         if shape.layers == 0 || shape.kv_heads == 0 || shape.head_dim == 0 {
             return Err(invalid(format!("the shape {shape:?} has an empty dimension")));
         }
+        if !shape.head_dim.is_multiple_of(2) {
+            return Err(invalid(format!(
+                "head_dim {} is odd: the cache packs two f16 per word",
+                shape.head_dim
+            )));
+        }
         if block_size_tokens == 0 || capacity_tokens == 0 {
             return Err(invalid(format!(
                 "blocks of {block_size_tokens} tokens and a capacity of {capacity_tokens} tokens: both must \
@@ -159,7 +169,8 @@ impl KvCache {
         }
         let num_blocks = u32::try_from(num_blocks)
             .map_err(|_| invalid(format!("{num_blocks} blocks overflow u32 block ids")))?;
-        let dims = [num_blocks as usize, block_size_tokens, shape.kv_heads, shape.head_dim];
+        // u32 words of two f16 each (the layout of KvCacheLayer).
+        let dims = [num_blocks as usize, block_size_tokens, shape.kv_heads, shape.head_dim / 2];
         let layers = (0..shape.layers)
             .map(|layer| {
                 Ok(LayerTensors {
@@ -423,8 +434,10 @@ mod tests {
     #[test]
     fn layers_have_the_kernels_shape_and_oversized_caches_are_errors() {
         let cache = KvCache::new(gpu(), SHAPE, 4, 9).unwrap();
-        assert_eq!(cache.layer(1).k.shape(), [3, 4, 3, 8]);
-        assert_eq!(cache.layer(0).v.shape(), [3, 4, 3, 8]);
+        // Heads of 8 f16 in 4 words.
+        assert_eq!(cache.layer(1).k.shape(), [3, 4, 3, 4]);
+        assert_eq!(cache.layer(0).v.shape(), [3, 4, 3, 4]);
+        assert!(KvCache::new(gpu(), KvCacheShape { head_dim: 7, ..SHAPE }, 4, 9).is_err());
         let huge = KvCacheShape { layers: 1, kv_heads: 8, head_dim: 128 };
         let tokens = (gpu().max_binding_bytes() / huge.token_bytes_per_layer()) as usize + 1;
         let err = KvCache::new(gpu(), huge, 16, tokens).err().unwrap();

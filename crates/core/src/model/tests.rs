@@ -240,9 +240,11 @@ fn reference_logits(tiny: &Tiny, w: &TinyWeights, tokens: &[u32]) -> Vec<Vec<f64
                 }
                 y
             };
+            // Keys and values as the f16 cache holds them.
+            let cached = |y: Vec<f64>| y.into_iter().map(|x| f64::from(f16::from_f64(x))).collect::<Vec<_>>();
             qs.push(project("q"));
-            ks.push(project("k"));
-            vs.push(project("v"));
+            ks.push(cached(project("k")));
+            vs.push(cached(project("v")));
         }
         let scale = 1.0 / (tiny.head_dim as f64).sqrt();
         for (p, x) in xs.iter_mut().enumerate() {

@@ -3,8 +3,8 @@
 //! token per sequence) and causal prefill attention (many rows, several sequences, chunks after
 //! cached tokens).
 //!
-//! The cache of one layer ([`KvCacheLayer`]) is two f32 tensors K and V, each
-//! `[num_blocks, block_size, n_kv_heads, head_dim]`. A sequence owns blocks listed in order in its
+//! The cache of one layer ([`KvCacheLayer`]) is two f16 tensors K and V, each
+//! `[num_blocks, block_size, n_kv_heads, head_dim]`, held as u32 words of two halves. A sequence owns blocks listed in order in its
 //! row of a block table (u32 `[n_seqs, max_blocks_per_seq]`): its token at position `j` lives in
 //! slot `table[j / block_size] * block_size + j % block_size`. New tokens' query and key heads
 //! are normalised (where the model does) and rotated by the layer's [`HeadTransform`]. A prefill
@@ -34,9 +34,9 @@
 //!     freq_factors: None,
 //! };
 //! let heads = HeadTransform::new(&ctx, &rope, None)?;
-//! // 4 blocks of 16 tokens, 2 kv heads of 64; one sequence whose third token (position 2) is
-//! // new, in blocks 2 and 0.
-//! let (k, v) = (Tensor::empty(&ctx, "k", &[4, 16, 2, 64])?, Tensor::empty(&ctx, "v", &[4, 16, 2, 64])?);
+//! // 4 blocks of 16 tokens, 2 kv heads of 64 f16 (32 words); one sequence whose third token
+//! // (position 2) is new, in blocks 2 and 0.
+//! let (k, v) = (Tensor::empty(&ctx, "k", &[4, 16, 2, 32])?, Tensor::empty(&ctx, "v", &[4, 16, 2, 32])?);
 //! let cache = KvCacheLayer::new(&k, &v);
 //! let block_table = Tensor::from_slice(&ctx, "table", &[1, 2], &[2u32, 0])?;
 //! let context_lens = Tensor::from_slice(&ctx, "lens", &[1], &[3u32])?;
@@ -93,9 +93,11 @@ const PREFILL_LANES: u32 = 4;
 /// WebGPU's default (and minimum) workgroup memory, which every kernel stays within.
 const WORKGROUP_BYTES: usize = 16384;
 
-/// One layer's paged KV cache: K and V, each an f32 tensor
-/// `[num_blocks, block_size, n_kv_heads, head_dim]` in one storage binding, so each is at most
-/// [`GpuContext::max_binding_bytes`] (128 MiB on lavapipe).
+/// One layer's paged KV cache: K and V, each f16 `[num_blocks, block_size, n_kv_heads,
+/// head_dim]` held as a u32 tensor `[num_blocks, block_size, n_kv_heads, head_dim / 2]` (each
+/// word two halves, the lower dim in its low 16 bits, as WGSL's `pack2x16float` packs them;
+/// [`pack_halves`] and [`unpack_halves`] do it on the CPU), in one storage binding, so each is at
+/// most [`GpuContext::max_binding_bytes`] (128 MiB on lavapipe).
 #[derive(Clone, Copy)]
 pub struct KvCacheLayer<'a> {
     /// Keys.
@@ -342,7 +344,7 @@ impl CacheGeometry {
         let shape = cache.k.shape();
         ensure(kernel, shape.len() == 4 && cache.v.shape() == shape, || {
             format!(
-                "K {:?} and V {:?} must both be [num_blocks, block_size, n_kv_heads, head_dim]",
+                "K {:?} and V {:?} must both be [num_blocks, block_size, n_kv_heads, head_dim / 2] words",
                 shape,
                 cache.v.shape()
             )
@@ -351,7 +353,7 @@ impl CacheGeometry {
             num_blocks: shape[0],
             block_size: shape[1],
             n_kv_heads: shape[2],
-            head_dim: shape[3],
+            head_dim: shape[3] * 2,
         };
         ensure(
             kernel,
@@ -371,8 +373,26 @@ impl CacheGeometry {
     }
 }
 
+/// Keys or values as the cache holds them: each pair of elements rounded to f16 (to nearest)
+/// and packed into one word, the first in the low half. `values` has an even length.
+pub fn pack_halves(values: &[f32]) -> Vec<u32> {
+    values
+        .chunks_exact(2)
+        .map(|pair| {
+            let half = |x: f32| u32::from(half::f16::from_f32(x).to_bits());
+            half(pair[0]) | (half(pair[1]) << 16)
+        })
+        .collect()
+}
+
+/// The elements of cache words, as [`pack_halves`] packs them.
+pub fn unpack_halves(words: &[u32]) -> Vec<f32> {
+    let half = |bits: u32| half::f16::from_bits(bits as u16).to_f32();
+    words.iter().flat_map(|&w| [half(w & 0xffff), half(w >> 16)]).collect()
+}
+
 /// Records the write of new tokens' keys and values into the cache: row `t` of `k_new` and
-/// `v_new` (f32 `[n_tokens, n_kv_heads * head_dim]`) goes to slot `slots[t]` (u32 `[n_tokens]`,
+/// `v_new` (f32 `[n_tokens, n_kv_heads * head_dim]`), rounded to f16, goes to slot `slots[t]` (u32 `[n_tokens]`,
 /// `block * block_size + offset`). A slot past the cache (e.g. `u32::MAX` for padding) is skipped.
 /// Two tokens with the same slot leave an unspecified mix of their rows there.
 pub fn store_kv(

@@ -11,7 +11,12 @@ use crate::tuning::{SERIAL_MAX_HEAD_VALUES, serial_max_group_heads};
 /// weighted sums over a few hundred keys lose a few ulps each.
 const ATTENTION_TOLERANCE: f32 = 3e-5;
 
-/// A CPU image of one layer's paged cache, and the block table row of each sequence.
+/// Bound on an f16 element's rounding, relative: half an f16 ulp.
+const F16_ROUNDING: f32 = 4.9e-4;
+
+/// A CPU image of one layer's paged cache (its values rounded to f16 as the GPU cache holds
+/// them), and the block table row of each sequence.
+#[derive(Clone)]
 struct PagedCache {
     num_blocks: usize,
     block_size: usize,
@@ -73,10 +78,11 @@ impl PagedCache {
         (rng.f32s(row, -1.0, 1.0), rng.f32s(row, -1.0, 1.0))
     }
 
+    /// Stores `k` and `v` in `slot`, rounded to f16.
     fn write(&mut self, slot: usize, k: &[f32], v: &[f32]) {
         let row = self.n_kv_heads * self.head_dim;
-        self.k[slot * row..(slot + 1) * row].copy_from_slice(k);
-        self.v[slot * row..(slot + 1) * row].copy_from_slice(v);
+        self.k[slot * row..(slot + 1) * row].copy_from_slice(&as_cached(k));
+        self.v[slot * row..(slot + 1) * row].copy_from_slice(&as_cached(v));
     }
 
     /// Fills positions `0 .. len` of sequence `seq` with random keys and values.
@@ -87,14 +93,15 @@ impl PagedCache {
         }
     }
 
+    /// The shape of the cache's tensors, in words of two f16.
     fn shape(&self) -> [usize; 4] {
-        [self.num_blocks, self.block_size, self.n_kv_heads, self.head_dim]
+        [self.num_blocks, self.block_size, self.n_kv_heads, self.head_dim / 2]
     }
 
     fn upload(&self, ctx: &GpuContext) -> (Tensor, Tensor) {
         (
-            Tensor::from_slice(ctx, "k_cache", &self.shape(), &self.k).unwrap(),
-            Tensor::from_slice(ctx, "v_cache", &self.shape(), &self.v).unwrap(),
+            Tensor::from_slice(ctx, "k_cache", &self.shape(), &pack_halves(&self.k)).unwrap(),
+            Tensor::from_slice(ctx, "v_cache", &self.shape(), &pack_halves(&self.v)).unwrap(),
         )
     }
 
@@ -142,6 +149,11 @@ impl PagedCache {
         }
         out.into_iter().map(|x| x as f32).collect()
     }
+}
+
+/// `x` as the cache keeps it.
+fn as_cached(x: &[f32]) -> Vec<f32> {
+    unpack_halves(&pack_halves(x))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -245,28 +257,31 @@ fn check_decode(
     let k_new = rng.f32s(n_seqs * kv_row, -1.0, 1.0);
     let v_new = rng.f32s(n_seqs * kv_row, -1.0, 1.0);
 
-    // The reference: the transformed key and value of each new token in the cache image.
+    // The reference: the transformed queries and keys. Each run's attention is checked against
+    // the cache image holding the key it stored: an f16 rounding of the GPU's f32 transform may
+    // differ by an ulp from that of the CPU's, which moves the scores by more than the bound.
     let positions: Vec<u32> = context_lens.iter().map(|&len| len.saturating_sub(1) as u32).collect();
     let q_heads = test_heads.apply(&q, &positions, false);
     let k_heads = test_heads.apply(&k_new, &positions, true);
-    let mut new_slots = Vec::new();
-    for (seq, &len) in context_lens.iter().enumerate().filter(|&(_, &len)| len > 0) {
-        let slot = cache.slot(seq, len - 1);
-        cache.write(slot, &k_heads[seq * kv_row..][..kv_row], &v_new[seq * kv_row..][..kv_row]);
-        new_slots.push((seq, slot));
-    }
+    let new_slots: Vec<(usize, usize)> = (context_lens.iter().enumerate())
+        .filter(|&(_, &len)| len > 0)
+        .map(|(seq, &len)| (seq, cache.slot(seq, len - 1)))
+        .collect();
     let group = heads.n_heads / heads.n_kv_heads;
-    let mut expected = Vec::with_capacity(q.len());
-    for (seq, &len) in context_lens.iter().enumerate() {
-        for head in 0..heads.n_heads {
-            if len == 0 {
-                expected.extend(std::iter::repeat_n(0.0, heads.head_dim));
-            } else {
-                let row = &q_heads[(seq * heads.n_heads + head) * heads.head_dim..][..heads.head_dim];
-                expected.extend(cache.attend(row, seq, len - 1, head / group, &options));
+    let expected_with = |image: &PagedCache| {
+        let mut expected = Vec::with_capacity(q.len());
+        for (seq, &len) in context_lens.iter().enumerate() {
+            for head in 0..heads.n_heads {
+                if len == 0 {
+                    expected.extend(std::iter::repeat_n(0.0, heads.head_dim));
+                } else {
+                    let row = &q_heads[(seq * heads.n_heads + head) * heads.head_dim..][..heads.head_dim];
+                    expected.extend(image.attend(row, seq, len - 1, head / group, &options));
+                }
             }
         }
-    }
+        expected
+    };
 
     let lens: Vec<u32> = context_lens.iter().map(|&l| l as u32).collect();
     let context_lens_gpu = Tensor::from_slice(ctx, "context_lens", &[n_seqs], &lens).unwrap();
@@ -299,26 +314,32 @@ fn check_decode(
         decode_as(ctx, &mut encoder, &test_heads.gpu, &new, &layer, &batch, &options, &out, Some(variant))
             .unwrap();
         ctx.submit(encoder).unwrap();
-        assert_close(&what, &pollster::block_on(out.to_f32(ctx)).unwrap(), &expected, ATTENTION_TOLERANCE);
 
-        // The new keys and values are stored, and nothing else is written.
+        // The new keys and values are stored (the values rounded to nearest f16, the keys within
+        // the rope's bound and an f16 rounding), and nothing else is written.
         let (k_after, v_after) = (read_bits(ctx, &k_cache), read_bits(ctx, &v_cache));
         let (mut k_expected, mut v_expected) = (k_before.clone(), v_before.clone());
+        let mut image = cache.clone();
+        let words = kv_row / 2;
         for &(seq, slot) in &new_slots {
-            k_expected[slot * kv_row..][..kv_row].copy_from_slice(&k_after[slot * kv_row..][..kv_row]);
-            v_expected[slot * kv_row..][..kv_row]
-                .copy_from_slice(bytemuck::cast_slice(&v_new[seq * kv_row..][..kv_row]));
-            let stored: &[f32] = bytemuck::cast_slice(&k_after[slot * kv_row..][..kv_row]);
-            let tolerance = rope_tolerance(context_lens[seq] as u32) + 2e-6;
+            let stored_words = &k_after[slot * words..][..words];
+            k_expected[slot * words..][..words].copy_from_slice(stored_words);
+            v_expected[slot * words..][..words]
+                .copy_from_slice(&pack_halves(&v_new[seq * kv_row..][..kv_row]));
+            let stored = unpack_halves(stored_words);
+            let tolerance = rope_tolerance(context_lens[seq] as u32) + 2e-6 + F16_ROUNDING;
             assert_close(
                 &format!("{what}: stored key"),
-                stored,
+                &stored,
                 &k_heads[seq * kv_row..][..kv_row],
                 tolerance,
             );
+            image.write(slot, &stored, &v_new[seq * kv_row..][..kv_row]);
         }
         assert!(k_after == k_expected, "{what}: the K cache changed outside the new tokens' slots");
         assert!(v_after == v_expected, "{what}: the V cache is not the old one with the new values");
+        let got = pollster::block_on(out.to_f32(ctx)).unwrap();
+        assert_close(&what, &got, &expected_with(&image), ATTENTION_TOLERANCE);
     }
 }
 
@@ -561,8 +582,8 @@ fn rope_and_store_kv_equals_its_three_passes() {
         let q = rng.f32s(n_tokens * q_heads * head_dim, -1.0, 1.0);
         let k = rng.f32s(n_tokens * row, -1.0, 1.0);
         let v = rng.f32s(n_tokens * row, -1.0, 1.0);
-        let before = rng.f32s(n_slots * row, -1.0, 1.0);
-        let shape = [num_blocks, block_size, n_kv_heads, head_dim];
+        let before = pack_halves(&rng.f32s(n_slots * row, -1.0, 1.0));
+        let shape = [num_blocks, block_size, n_kv_heads, head_dim / 2];
         let run = |fused: bool| {
             let q = Tensor::from_slice(ctx, "q", &[n_tokens, q_heads * head_dim], &q).unwrap();
             let k = Tensor::from_slice(ctx, "k", &[n_tokens, row], &k).unwrap();
@@ -582,12 +603,12 @@ fn rope_and_store_kv_equals_its_three_passes() {
                 store_kv(ctx, &mut encoder, &cache, &k, &v, &slots).unwrap();
             }
             ctx.submit(encoder).unwrap();
-            let read = |t: &Tensor| pollster::block_on(t.to_f32(ctx)).unwrap();
+            let read = |t: &Tensor| pollster::block_on(t.to_u32(ctx)).unwrap();
             (read(&q), read(&k_cache), read(&v_cache))
         };
         let (fused, separate) = (run(true), run(false));
         let what = format!("{layout:?}, {rotated_dims} of {head_dim} dims rotated");
-        assert_ne!(separate.0, q, "{what}: the rotation changes q");
+        assert_ne!(separate.0, bytemuck::cast_slice::<f32, u32>(&q), "{what}: the rotation changes q");
         assert_eq!(fused.0, separate.0, "{what}: q");
         assert_eq!(fused.1, separate.1, "{what}: K cache");
         assert_eq!(fused.2, separate.2, "{what}: V cache");
@@ -601,8 +622,8 @@ fn store_kv_writes_shuffled_slots_and_nothing_else() {
     let (num_blocks, block_size, n_kv_heads, head_dim) = (5, 16, 3, 80);
     let row = n_kv_heads * head_dim;
     let n_slots = num_blocks * block_size;
-    let before_k = rng.f32s(n_slots * row, -1.0, 1.0);
-    let before_v = rng.f32s(n_slots * row, -1.0, 1.0);
+    let before_k = pack_halves(&rng.f32s(n_slots * row, -1.0, 1.0));
+    let before_v = pack_halves(&rng.f32s(n_slots * row, -1.0, 1.0));
     // 37 distinct shuffled slots, then tokens past the cache that must not be stored: padding,
     // the first slot past the end, and one whose element index wraps around u32 into the cache.
     let mut order: Vec<u32> = (0..n_slots as u32).collect();
@@ -616,7 +637,7 @@ fn store_kv_writes_shuffled_slots_and_nothing_else() {
     let k_new = rng.f32s(n_tokens * row, -1.0, 1.0);
     let v_new = rng.f32s(n_tokens * row, -1.0, 1.0);
 
-    let shape = [num_blocks, block_size, n_kv_heads, head_dim];
+    let shape = [num_blocks, block_size, n_kv_heads, head_dim / 2];
     let k = Tensor::from_slice(ctx, "k_cache", &shape, &before_k).unwrap();
     let v = Tensor::from_slice(ctx, "v_cache", &shape, &before_v).unwrap();
     let k_new_gpu = Tensor::from_slice(ctx, "k_new", &[n_tokens, row], &k_new).unwrap();
@@ -626,14 +647,16 @@ fn store_kv_writes_shuffled_slots_and_nothing_else() {
     store_kv(ctx, &mut encoder, &KvCacheLayer::new(&k, &v), &k_new_gpu, &v_new_gpu, &slots_gpu).unwrap();
     ctx.submit(encoder).unwrap();
 
+    // Rounded to nearest f16, as the half crate rounds.
     let (mut expected_k, mut expected_v) = (before_k, before_v);
+    let words = row / 2;
     for (t, &slot) in slots.iter().enumerate().filter(|&(_, &s)| (s as usize) < n_slots) {
         let slot = slot as usize;
-        expected_k[slot * row..][..row].copy_from_slice(&k_new[t * row..][..row]);
-        expected_v[slot * row..][..row].copy_from_slice(&v_new[t * row..][..row]);
+        expected_k[slot * words..][..words].copy_from_slice(&pack_halves(&k_new[t * row..][..row]));
+        expected_v[slot * words..][..words].copy_from_slice(&pack_halves(&v_new[t * row..][..row]));
     }
-    assert_eq!(pollster::block_on(k.to_f32(ctx)).unwrap(), expected_k, "K cache");
-    assert_eq!(pollster::block_on(v.to_f32(ctx)).unwrap(), expected_v, "V cache");
+    assert_eq!(pollster::block_on(k.to_u32(ctx)).unwrap(), expected_k, "K cache");
+    assert_eq!(pollster::block_on(v.to_u32(ctx)).unwrap(), expected_v, "V cache");
 }
 
 #[test]
@@ -692,7 +715,7 @@ fn every_head_dim_variant_validates_and_fits_16_kib() {
 fn mismatched_arguments_are_errors() {
     let ctx = gpu();
     let tensor = |shape: &[usize]| Tensor::empty(ctx, "t", shape).unwrap();
-    let (k, v) = (tensor(&[4, 16, 2, 64]), tensor(&[4, 16, 2, 64]));
+    let (k, v) = (tensor(&[4, 16, 2, 32]), tensor(&[4, 16, 2, 32]));
     let cache = KvCacheLayer::new(&k, &v);
     let (lens, table) = (tensor(&[3]), tensor(&[3, 4]));
     let batch = DecodeBatch { context_lens: &lens, block_table: &table };
@@ -722,7 +745,7 @@ fn mismatched_arguments_are_errors() {
     let err = decode_err(&heads_32, &q, &kv_new, &cache, &batch, &options);
     assert!(err.contains("heads of 32"), "{err}");
     // A head size past the limit.
-    let (k_big, v_big) = (tensor(&[1, 4, 1, 260]), tensor(&[1, 4, 1, 260]));
+    let (k_big, v_big) = (tensor(&[1, 4, 1, 130]), tensor(&[1, 4, 1, 130]));
     let big = KvCacheLayer::new(&k_big, &v_big);
     let err = decode_err(&heads, &tensor(&[3, 1, 260]), &kv_new, &big, &batch, &options);
     assert!(err.contains("head_dim 260"), "{err}");

@@ -49,12 +49,13 @@ struct RandomCache {
 impl RandomCache {
     fn new(ctx: &GpuContext, rng: &mut Rng, heads: &ModelHeads, n_seqs: usize, len: usize) -> Result<Self> {
         let blocks_per_seq = len.div_ceil(BLOCK_SIZE);
-        let shape = [n_seqs * blocks_per_seq, BLOCK_SIZE, heads.n_kv_heads, heads.head_dim];
-        let elements = shape.iter().product();
+        // Words of two f16.
+        let shape = [n_seqs * blocks_per_seq, BLOCK_SIZE, heads.n_kv_heads, heads.head_dim / 2];
+        let elements = shape.iter().product::<usize>() * 2;
         let table: Vec<u32> = (0..(n_seqs * blocks_per_seq) as u32).collect();
         Ok(RandomCache {
-            k: Tensor::from_slice(ctx, "k_cache", &shape, &rng.f32s(elements, -1.0, 1.0))?,
-            v: Tensor::from_slice(ctx, "v_cache", &shape, &rng.f32s(elements, -1.0, 1.0))?,
+            k: Tensor::from_slice(ctx, "k_cache", &shape, &pack_halves(&rng.f32s(elements, -1.0, 1.0)))?,
+            v: Tensor::from_slice(ctx, "v_cache", &shape, &pack_halves(&rng.f32s(elements, -1.0, 1.0)))?,
             block_table: Tensor::from_slice(ctx, "block_table", &[n_seqs, blocks_per_seq], &table)?,
         })
     }
