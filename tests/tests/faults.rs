@@ -226,8 +226,14 @@ fn a_step_past_the_memory_budget_fails_its_requests_and_the_engine_goes_on() {
     drop(engine);
     step_loop.join().unwrap();
 
-    // A budget the weights do not fit in fails the load, naming what did not fit.
-    let error = try_start(gpu_within(Some(loaded / 2)), options).err().expect("the load fails");
-    assert!(matches!(error, Error::OutOfMemory { .. }), "{error}");
-    assert!(error.to_string().contains("raise the budget"), "{error}");
+    // A budget the weights do not fit in fails the load before anything is uploaded (the memory
+    // plan), with the plan's figures.
+    let ctx = gpu_within(Some(loaded / 2));
+    let error = try_start(ctx.clone(), options).err().expect("the load fails");
+    assert!(matches!(error, Error::DoesNotFit { .. }), "{error}");
+    assert!(
+        error.to_string().contains("raise the budget") && error.to_string().contains("weights"),
+        "{error}"
+    );
+    assert_eq!(ctx.memory_peak(), 0, "nothing was uploaded");
 }

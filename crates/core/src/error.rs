@@ -40,6 +40,15 @@ pub enum Error {
         /// Which limit it exceeds.
         reason: String,
     },
+    /// A model does not fit the device: its [`crate::model::MemoryPlan`], made before any upload,
+    /// needs more than the device allows or has.
+    #[error("the model does not fit: {reason} ({plan})")]
+    DoesNotFit {
+        /// What is too large, and what to change.
+        reason: String,
+        /// The plan's figures, in one line.
+        plan: String,
+    },
     /// A buffer would take flint's GPU memory past the budget it was given
     /// ([`crate::gpu::GpuOptions::memory_budget`]). Nothing was allocated.
     #[error(

@@ -16,7 +16,7 @@ export interface LoadOptions {
   cache?: boolean;
   /** The model's name in responses; by default the file's general.name. */
   model?: string;
-  /** Tokens the KV cache holds over all sequences; by default the model's context (capped). */
+  /** Tokens the KV cache holds over all sequences; by default as many as the memory plan finds room for, up to the model's context. A size that cannot fit fails the load before any upload. */
   kvCacheTokens?: number;
   /** Sequences in the running batch at most (32). */
   maxRunning?: number;

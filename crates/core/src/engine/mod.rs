@@ -73,7 +73,7 @@ pub use step_loop::StepLoop;
 use crate::gguf::GgufFile;
 use crate::gpu::GpuContext;
 use crate::grammar::GrammarCompiler;
-use crate::model::Model;
+use crate::model::{MemoryPlan, Model, PlanRequest};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use scheduler::{Limits, Scheduler};
@@ -87,8 +87,9 @@ pub struct EngineOptions {
     /// Tokens per forward pass at most: the decode tokens of the running batch plus chunks of
     /// prompts. Bounds a step's latency, so a long prompt does not stall running streams.
     pub step_token_budget: usize,
-    /// Tokens the KV cache holds over all sequences; by default the model's context, capped at
-    /// what one storage binding holds per layer.
+    /// Tokens the KV cache holds over all sequences. By default, with [`Engine::load`], as many
+    /// as the model's [`MemoryPlan`] finds room for, up to the model's context; with
+    /// [`Engine::new`], the model's context capped at what one storage binding holds per layer.
     pub kv_cache_tokens: Option<usize>,
     /// Keep finished prompts' full KV blocks and reuse them for requests with the same prefix.
     pub prefix_cache: bool,
@@ -100,6 +101,17 @@ pub struct EngineOptions {
     /// same either way. By default (`None`) on GPUs, off on CPU devices, where the device's work
     /// runs on the host's own cores.
     pub overlap_steps: Option<bool>,
+}
+
+impl EngineOptions {
+    /// What a [`MemoryPlan`] for an engine of these options makes room for.
+    pub fn plan_request(&self) -> PlanRequest {
+        PlanRequest {
+            kv_tokens: self.kv_cache_tokens,
+            step_tokens: self.step_token_budget,
+            max_rows: self.max_running,
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -281,10 +293,15 @@ impl Engine {
     }
 
     /// Loads the model and tokenizer of a GGUF file onto `ctx`'s GPU and makes an engine of them.
+    ///
+    /// The model's [`MemoryPlan`] comes first: a model that cannot fit the device fails here,
+    /// before any upload, and without [`EngineOptions::kv_cache_tokens`] the KV cache gets the
+    /// room the plan finds (up to the model's context).
     pub fn load(ctx: Arc<GpuContext>, file: &GgufFile, options: EngineOptions) -> Result<(Engine, StepLoop)> {
         let tokenizer = Tokenizer::from_gguf(file)?;
+        let plan = MemoryPlan::new(&ctx, file, &options.plan_request())?;
         let model = Model::load(ctx, file)?;
-        Engine::new(model, tokenizer, options)
+        Engine::new(model, tokenizer, EngineOptions { kv_cache_tokens: Some(plan.kv_tokens), ..options })
     }
 
     /// The model's tokenizer.

@@ -65,6 +65,22 @@ impl MemoryLedger {
     }
 }
 
+/// Bytes of memory the host has available for new allocations (Linux's `MemAvailable`), where
+/// the platform says: what a CPU device such as lavapipe allocates its buffers from.
+pub fn host_available_memory() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = meminfo.lines().find(|line| line.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.ledger.in_use.fetch_sub(self.bytes, Ordering::Relaxed);

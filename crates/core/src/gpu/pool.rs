@@ -226,7 +226,7 @@ impl PoolState {
 
 /// The size of the buffer handed out for a request of `size` bytes: rounded up to one of eight
 /// sizes an octave (at most 1/8 more), so that steps of nearby shapes share buffers.
-fn size_class(size: u64) -> u64 {
+pub(crate) fn size_class(size: u64) -> u64 {
     const SMALLEST: u64 = 256;
     if size <= SMALLEST {
         return SMALLEST;

@@ -112,6 +112,59 @@ fn gpu_row_words(quant: QuantType, blocks: usize) -> usize {
     (body_words + field_words).next_multiple_of(4)
 }
 
+/// Words of a row of `cols` weights in the GPU layout, and the rows of one chunk: as many as fit
+/// `max_chunk_bytes` and the device's limit on one buffer (or texture).
+fn chunking(
+    ctx: &GpuContext,
+    name: &str,
+    quant: QuantType,
+    cols: usize,
+    max_chunk_bytes: u64,
+) -> Result<(usize, usize)> {
+    let row_words = gpu_row_words(quant, cols / quant.block_elements());
+    let device_limit = if ctx.features().weight_textures {
+        let texture_rows = u64::from(ctx.limits().max_texture_dimension_2d);
+        (u64::from(TEXTURE_WIDTH) * 16 * texture_rows).min(ctx.limits().max_buffer_size)
+    } else {
+        ctx.max_binding_bytes()
+    };
+    let chunk_limit = max_chunk_bytes.min(device_limit);
+    let rows_per_chunk = (chunk_limit / (row_words as u64 * 4)).min(u32::MAX as u64) as usize;
+    if rows_per_chunk == 0 {
+        return Err(Error::TooLarge {
+            name: name.to_string(),
+            bytes: row_words as u64 * 4,
+            reason: format!("one row must fit in one buffer of at most {chunk_limit} bytes"),
+        });
+    }
+    Ok((row_words, rows_per_chunk))
+}
+
+/// The memory a chunk of `words` takes: a buffer, or a texture of whole rows of texels.
+fn chunk_bytes(ctx: &GpuContext, words: usize) -> u64 {
+    if ctx.features().weight_textures {
+        u64::from(texture_size(words).height) * u64::from(TEXTURE_WIDTH) * 16
+    } else {
+        words as u64 * 4
+    }
+}
+
+/// Bytes the matrix of `rows` rows of `cols` weights takes once uploaded with
+/// [`QuantMatrix::upload`] on `ctx`'s device, or why it cannot be.
+pub(crate) fn uploaded_bytes(
+    ctx: &GpuContext,
+    name: &str,
+    quant: QuantType,
+    rows: usize,
+    cols: usize,
+) -> Result<u64> {
+    let (row_words, rows_per_chunk) = chunking(ctx, name, quant, cols, ctx.max_binding_bytes())?;
+    let full_chunks = (rows / rows_per_chunk) as u64;
+    let last = rows % rows_per_chunk;
+    let last_bytes = if last > 0 { chunk_bytes(ctx, last * row_words) } else { 0 };
+    Ok(full_chunks * chunk_bytes(ctx, rows_per_chunk * row_words) + last_bytes)
+}
+
 fn shape_error(reason: String) -> Error {
     Error::KernelArguments { kernel: "QuantMatrix::upload", reason }
 }
@@ -224,24 +277,8 @@ impl QuantMatrix {
                 u32::MAX
             )));
         }
-        let blocks = cols / quant.block_elements();
-        let row_words = gpu_row_words(quant, blocks);
+        let (row_words, rows_per_chunk) = chunking(ctx, name, quant, cols, max_chunk_bytes)?;
         let textures = ctx.features().weight_textures;
-        let device_limit = if textures {
-            let texture_rows = u64::from(ctx.limits().max_texture_dimension_2d);
-            (u64::from(TEXTURE_WIDTH) * 16 * texture_rows).min(ctx.limits().max_buffer_size)
-        } else {
-            ctx.max_binding_bytes()
-        };
-        let chunk_limit = max_chunk_bytes.min(device_limit);
-        let rows_per_chunk = (chunk_limit / (row_words as u64 * 4)).min(u32::MAX as u64) as usize;
-        if rows_per_chunk == 0 {
-            return Err(Error::TooLarge {
-                name: name.to_string(),
-                bytes: row_words as u64 * 4,
-                reason: format!("one row must fit in one buffer of at most {chunk_limit} bytes"),
-            });
-        }
         let mut matrix = QuantMatrix {
             name: name.to_string(),
             quant,
@@ -254,13 +291,7 @@ impl QuantMatrix {
         for first_row in (0..rows).step_by(rows_per_chunk) {
             let chunk_rows = first_row..first_row + rows_per_chunk.min(rows - first_row);
             let label = format!("{} rows {}..{}", matrix.name, chunk_rows.start, chunk_rows.end);
-            let words = chunk_rows.len() * matrix.row_words;
-            let bytes = if textures {
-                texture_size(words).height as usize * TEXTURE_WIDTH as usize * 16
-            } else {
-                words * 4
-            };
-            let memory = ctx.memory.reserve(&label, bytes as u64)?;
+            let memory = ctx.memory.reserve(&label, chunk_bytes(ctx, chunk_rows.len() * matrix.row_words))?;
             let buffer = matrix.upload_chunk(ctx, chunk_rows.clone(), parts, row_bytes)?;
             let storage =
                 if textures { copy_to_texture(ctx, &label, &buffer)? } else { ChunkStorage::Buffer(buffer) };

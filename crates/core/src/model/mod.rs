@@ -36,6 +36,7 @@ mod batch;
 mod config;
 mod gemma3;
 mod llama;
+mod plan;
 mod weights;
 
 #[cfg(test)]
@@ -45,6 +46,7 @@ use std::sync::Arc;
 
 pub use batch::{GpuTokens, LogitRows, SequenceChunk};
 pub use config::{Architecture, ModelConfig, RopeSettings, SlidingWindowLayers};
+pub use plan::{MemoryPlan, MemorySource, PlanRequest};
 
 use crate::gguf::GgufFile;
 use crate::gpu::{BindGroupCache, Encoder, GpuContext, Tensor};

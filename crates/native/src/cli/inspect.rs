@@ -1,10 +1,14 @@
-//! `flint inspect` and `flint tokenize`: what a GGUF file holds, read on the CPU (no GPU).
+//! `flint inspect` and `flint tokenize`: what a GGUF file holds, read on the CPU, and the memory
+//! plan of its model on the current GPU adapter.
 
 use std::io::{Read, Write};
 
 use clap::Args;
 use flint_core::gguf::GgufFile;
+use flint_core::gpu::GpuContext;
+use flint_core::model::MemoryPlan;
 use flint_core::tokenizer::Tokenizer;
+use flint_native::EngineOptions;
 
 use super::model::ModelArg;
 
@@ -33,10 +37,38 @@ pub struct TokenizeArgs {
 }
 
 pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
-    let summary = GgufFile::open(args.model.path()?)?.summary()?;
-    let text = if args.json { serde_json::to_string_pretty(&summary)? + "\n" } else { summary.to_string() };
+    let file = GgufFile::open(args.model.path()?)?;
+    let summary = file.summary()?;
+    // The plan, or why there is none (no adapter, or a model that does not fit): the summary
+    // is printed either way.
+    let plan = plan(args, &file);
+    let text = if args.json {
+        let mut json = serde_json::to_value(&summary)?;
+        let (plan, error) = match &plan {
+            Ok(plan) => (serde_json::to_value(plan)?, serde_json::Value::Null),
+            Err(error) => (serde_json::Value::Null, error.to_string().into()),
+        };
+        json["memory_plan"] = plan;
+        json["memory_plan_error"] = error;
+        serde_json::to_string_pretty(&json)? + "\n"
+    } else {
+        let plan = match &plan {
+            Ok(plan) => plan.to_string(),
+            Err(error) => format!("memory plan: {error}"),
+        };
+        format!("{summary}{plan}\n")
+    };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(())
+}
+
+/// The model's memory plan on the adapter a run would use, for an engine of the default options
+/// with `--ctx-size` and `--gpu-memory-budget`.
+fn plan(args: &InspectArgs, file: &GgufFile) -> anyhow::Result<MemoryPlan> {
+    let ctx = pollster::block_on(GpuContext::new(&args.model.gpu_options()))?;
+    let options = args.model.engine_options(EngineOptions::default());
+    let plan = MemoryPlan::new(&ctx, file, &options.plan_request())?;
+    Ok(plan)
 }
 
 pub fn tokenize(args: &TokenizeArgs) -> anyhow::Result<()> {

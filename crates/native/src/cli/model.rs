@@ -27,6 +27,10 @@ pub struct ModelArg {
     /// that would go past it fails its requests with an out-of-memory error (default: no limit).
     #[arg(long, value_name = "MIB")]
     gpu_memory_budget: Option<u64>,
+    /// Tokens the KV cache holds over all sequences (default: as many as the memory plan finds
+    /// room for, up to the model's context; `flint inspect` prints the plan).
+    #[arg(long, value_name = "N")]
+    ctx_size: Option<usize>,
 }
 
 impl ModelArg {
@@ -45,13 +49,19 @@ impl ModelArg {
         Ok(path)
     }
 
+    /// `engine` with the KV cache size of `--ctx-size`, when given.
+    pub fn engine_options(&self, engine: EngineOptions) -> EngineOptions {
+        EngineOptions { kv_cache_tokens: self.ctx_size.or(engine.kv_cache_tokens), ..engine }
+    }
+
     /// The GPU to open: from the environment ([`GpuOptions::from_env`]), with the budget.
-    fn gpu_options(&self) -> GpuOptions {
+    pub fn gpu_options(&self) -> GpuOptions {
         GpuOptions { memory_budget: self.gpu_memory_budget.map(|mib| mib << 20), ..GpuOptions::from_env() }
     }
 
     /// Loads the model and starts its engine, with a progress bar on a terminal unless `quiet`.
     pub fn load_llm(&self, engine: EngineOptions, quiet: bool) -> anyhow::Result<LLM> {
+        let engine = self.engine_options(engine);
         let path = self.path()?;
         let progress = LoadProgress::start(&path, quiet);
         let on_progress = progress.clone().map(|bar| Box::new(move |stage| bar.stage(stage)) as Box<_>);
