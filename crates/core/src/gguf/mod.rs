@@ -56,6 +56,9 @@ fn gguf_error(context: impl Into<String>, reason: impl Into<String>) -> Error {
 /// A parsed, validated GGUF file that owns (or maps) its bytes.
 pub struct GgufFile {
     bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
+    /// The memory map the bytes are, when [`GgufFile::open`] made them one.
+    #[cfg(not(target_arch = "wasm32"))]
+    mapping: Option<std::sync::Arc<memmap2::Mmap>>,
     version: u32,
     metadata: Metadata,
     alignment: usize,
@@ -100,8 +103,36 @@ impl GgufFile {
         // SAFETY: the map is read-only and private to this process. If another process
         // truncates or rewrites the file while it is mapped, reads may fault or see new bytes:
         // the risk every memory-mapping reader accepts in exchange for not copying gigabytes.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error)?;
-        Self::from_bytes(map)
+        let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io_error)?);
+        let mut file = Self::from_bytes(SharedMap(map.clone()))?;
+        file.mapping = Some(map);
+        Ok(file)
+    }
+
+    /// Lets the operating system drop the pages of `info`'s bytes that a memory-mapped file holds
+    /// in memory, once they have been copied elsewhere (a model's upload calls this after each
+    /// tensor): they are read from the file again if touched. A load's resident memory then does
+    /// not grow by the file's size on top of what the device holds. Does nothing for files held
+    /// in memory, and on platforms without `madvise`.
+    pub fn release_pages(&self, info: &TensorInfo) {
+        #[cfg(all(unix, not(target_arch = "wasm32")))]
+        if let Some(map) = &self.mapping {
+            // Whole pages inside the tensor's bytes only: its neighbours may still be wanted.
+            // 16 KiB: a multiple of the 4 KiB and 16 KiB pages of the platforms flint runs on.
+            const PAGE: usize = 16 << 10;
+            let start = info.file_offset().next_multiple_of(PAGE);
+            let end = (info.file_offset() + info.bytes()) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the map is read-only and private and never written through, so a
+                // dropped page holds nothing but the file's bytes: touched again, it is read
+                // back from the file, and references into it stay valid.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                };
+            }
+        }
+        #[cfg(not(all(unix, not(target_arch = "wasm32"))))]
+        let _ = info;
     }
 
     /// Parses a GGUF file held in memory: a `Vec<u8>`, `Arc<[u8]>`, `Box<[u8]>`, a static
@@ -110,6 +141,8 @@ impl GgufFile {
         let parsed = parse(bytes.as_ref())?;
         Ok(GgufFile {
             bytes: Box::new(bytes),
+            #[cfg(not(target_arch = "wasm32"))]
+            mapping: None,
             version: parsed.version,
             metadata: parsed.metadata,
             alignment: parsed.alignment,
@@ -169,6 +202,17 @@ impl GgufFile {
 
     fn bytes(&self) -> &[u8] {
         (*self.bytes).as_ref()
+    }
+}
+
+/// A memory map shared by the file's bytes and [`GgufFile::release_pages`].
+#[cfg(not(target_arch = "wasm32"))]
+struct SharedMap(std::sync::Arc<memmap2::Mmap>);
+
+#[cfg(not(target_arch = "wasm32"))]
+impl AsRef<[u8]> for SharedMap {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 

@@ -113,6 +113,10 @@ pub struct CreatedObjects {
     pub pipelines: u64,
 }
 
+/// Bytes a load writes through staging memory before it flushes the queue
+/// ([`GpuContext::staged_upload`]).
+pub(crate) const UPLOAD_STAGING_BYTES: u64 = 64 << 20;
+
 /// One opened GPU device, shared (behind `Arc`) by everything that records work on it.
 pub struct GpuContext {
     device: wgpu::Device,
@@ -145,6 +149,9 @@ pub struct GpuContext {
     last_submission: Mutex<Option<wgpu::SubmissionIndex>>,
     /// The textures [`GpuContext::scratch_textures`] hands out, and the words each holds.
     scratch_textures: Mutex<Option<(usize, [ScratchTexture; 2])>>,
+    /// Bytes uploaded through staging memory since the queue last flushed it, and that flush's
+    /// submission ([`GpuContext::staged_upload`]).
+    staged: Mutex<(u64, Option<wgpu::SubmissionIndex>)>,
 }
 
 /// A texture of [`GpuContext::scratch_textures`] and its view.
@@ -229,6 +236,7 @@ impl GpuContext {
             last_submission: Mutex::new(None),
             captured_error,
             scratch_textures: Mutex::new(None),
+            staged: Mutex::new((0, None)),
         });
         Ok(ctx)
     }
@@ -387,6 +395,29 @@ impl GpuContext {
     /// The latest submission, if any.
     pub(crate) fn last_submission(&self) -> Option<wgpu::SubmissionIndex> {
         self.last_submission.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Counts `bytes` just written into a buffer mapped at creation. wgpu copies such a buffer
+    /// through host staging memory that it frees only once a submission has carried the copy
+    /// out, and a load submits nothing else: every [`UPLOAD_STAGING_BYTES`] the queue is
+    /// flushed, and (natively) the flush before it waited for, so that at most two windows of
+    /// staging memory are held while the host goes on writing, instead of the model's size.
+    pub(crate) fn staged_upload(&self, bytes: u64) {
+        let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        staged.0 += bytes;
+        if staged.0 < UPLOAD_STAGING_BYTES {
+            return;
+        }
+        let previous = staged.1.replace(self.queue.submit([]));
+        staged.0 = 0;
+        drop(staged);
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(previous) = previous {
+            let _ =
+                self.device.poll(wgpu::PollType::Wait { submission_index: Some(previous), timeout: None });
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = previous;
     }
 
     /// A new command encoder.

@@ -293,6 +293,7 @@ impl QuantMatrix {
             let label = format!("{} rows {}..{}", matrix.name, chunk_rows.start, chunk_rows.end);
             let memory = ctx.memory.reserve(&label, chunk_bytes(ctx, chunk_rows.len() * matrix.row_words))?;
             let buffer = matrix.upload_chunk(ctx, chunk_rows.clone(), parts, row_bytes)?;
+            ctx.staged_upload(buffer.size());
             let storage =
                 if textures { copy_to_texture(ctx, &label, &buffer)? } else { ChunkStorage::Buffer(buffer) };
             matrix.chunks.push(WeightChunk { storage, first_row, rows: chunk_rows.len(), _memory: memory });

@@ -44,7 +44,10 @@ impl WeightLoader<'_> {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QuantMatrix> {
         let info = self.info(name)?;
         check_shape(info, &[cols, rows])?;
-        QuantMatrix::upload(self.ctx, name, info.quant(), rows, cols, self.file.tensor_bytes(info))
+        let matrix =
+            QuantMatrix::upload(self.ctx, name, info.quant(), rows, cols, self.file.tensor_bytes(info))?;
+        self.file.release_pages(info);
+        Ok(matrix)
     }
 
     /// Matrices of the same input, `(name, rows)` each with `cols` columns, stacked into as few
@@ -86,6 +89,7 @@ impl WeightLoader<'_> {
             let name = group.iter().map(|t| t.name()).collect::<Vec<_>>().join(" + ");
             let parts: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
             matrices.push((QuantMatrix::upload_stacked(self.ctx, &name, quant, cols, &parts)?, group.len()));
+            group.iter().for_each(|info| self.file.release_pages(info));
         }
         Ok(Stacked { matrices })
     }
