@@ -1,5 +1,5 @@
 // Pieces shared by the attention kernels over a paged KV cache (attention_decode.wgsl,
-// attention_prefill.wgsl), concatenated before them.
+// attention_prefill.wgsl), concatenated before them, after kv_halves.wgsl.
 //
 // The cache of one layer: K and V, each [num_blocks, block_size, n_kv_heads, HEAD_DIM] f16,
 // stored as u32 words of two halves (pack2x16float: the lower dim in the low half) and read as
@@ -75,21 +75,6 @@ fn soft_cap(logit: f32) -> f32 {
     let x = logit / params.softcap;
     let e = exp(-2.0 * abs(x));
     return params.softcap * sign(x) * (1.0 - e) / (1.0 + e);
-}
-
-// Four dims as the cache stores them, and back.
-fn pack_halves(x: vec4<f32>) -> vec2<u32> {
-    return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
-}
-
-fn unpack_halves(w: vec2<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-}
-
-// `x` rounded to what the cache keeps of it: a new key or value used straight from registers
-// gets the same value as when read back from the cache.
-fn as_cached(x: vec4<f32>) -> vec4<f32> {
-    return unpack_halves(pack_halves(x));
 }
 
 // The cached key and value vec4 i. KV_TEXTURES (serial kernels): from the kernel's k_texture and

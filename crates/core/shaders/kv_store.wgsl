@@ -1,4 +1,5 @@
 // Writes the keys and values of new tokens into a paged KV cache (layout in attention.wgsl).
+// Follows kv_halves.wgsl.
 //
 // Layout: k_new and v_new [n_tokens, n_kv_heads * head_dim] f32, read as vec4; slots u32
 // [n_tokens], the cache slot (block * block_size + offset) of each token; k_cache and v_cache
@@ -23,10 +24,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read> slots: array<u32>;
 @group(0) @binding(4) var<storage, read_write> k_cache: array<vec2<u32>>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<vec2<u32>>;
-
-fn pack_halves(x: vec4<f32>) -> vec2<u32> {
-    return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
-}
 
 @compute @workgroup_size(WG)
 fn kv_store(

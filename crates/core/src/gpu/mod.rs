@@ -8,7 +8,7 @@ mod context;
 mod encoder;
 mod memory;
 mod pipeline;
-pub(crate) mod pool;
+mod pool;
 mod profile;
 pub(crate) mod quant_types;
 mod readback;

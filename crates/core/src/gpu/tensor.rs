@@ -43,6 +43,13 @@ impl Tensor {
         Ok(Tensor { buffer, shape: shape.to_vec(), padding })
     }
 
+    /// Bytes a tensor of `elements` takes from the device's memory once [`Tensor::empty`] has
+    /// made it: its elements and the device's padding, rounded up to the buffer pool's size class.
+    pub(crate) fn allocated_bytes(ctx: &GpuContext, elements: usize) -> u64 {
+        let padding = crate::tuning::tensor_padding_bytes(ctx.device_class());
+        crate::gpu::pool::size_class((elements.max(1) * 4) as u64 + padding)
+    }
+
     /// A tensor holding `data` (f32, u32 or i32).
     pub fn from_slice<T: bytemuck::Pod>(
         ctx: &GpuContext,

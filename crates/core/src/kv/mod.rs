@@ -67,6 +67,21 @@ impl KvCacheShape {
     pub fn token_bytes_per_layer(&self) -> u64 {
         (self.kv_heads * self.head_dim * KV_ELEMENT_BYTES) as u64
     }
+
+    /// The most tokens, in whole blocks of `block_size_tokens`, that a cache of this shape can
+    /// hold when a layer's keys must fit one storage binding of `max_binding_bytes`.
+    pub fn max_tokens(&self, max_binding_bytes: u64, block_size_tokens: usize) -> usize {
+        let fitting = (max_binding_bytes / self.token_bytes_per_layer()) as usize;
+        fitting / block_size_tokens * block_size_tokens
+    }
+
+    /// Bytes a [`KvCache`] of `capacity_tokens` (rounded up to whole blocks) takes from `ctx`'s
+    /// memory: a K and a V tensor a layer.
+    pub fn cache_bytes(&self, ctx: &GpuContext, block_size_tokens: usize, capacity_tokens: usize) -> u64 {
+        let slots = capacity_tokens.next_multiple_of(block_size_tokens);
+        let layer_words = slots * self.kv_heads * self.head_dim / 2;
+        Tensor::allocated_bytes(ctx, layer_words) * 2 * self.layers as u64
+    }
 }
 
 /// The blocks of one sequence's keys and values, in position order, and how many token

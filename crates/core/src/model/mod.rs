@@ -115,9 +115,9 @@ impl Model {
         self.forget_bind_groups();
         let shape = self.kv_cache_shape();
         let tokens = capacity_tokens.unwrap_or_else(|| {
-            let fitting = (self.ctx.max_binding_bytes() / shape.token_bytes_per_layer()) as usize;
-            let fitting_blocks = (fitting / KV_BLOCK_TOKENS).max(1);
-            self.config.context_length.min(fitting_blocks * KV_BLOCK_TOKENS)
+            let fitting =
+                shape.max_tokens(self.ctx.max_binding_bytes(), KV_BLOCK_TOKENS).max(KV_BLOCK_TOKENS);
+            self.config.context_length.min(fitting)
         });
         KvCache::new(&self.ctx, shape, KV_BLOCK_TOKENS, tokens)
     }

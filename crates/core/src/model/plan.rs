@@ -8,8 +8,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::gguf::GgufFile;
-use crate::gpu::pool::size_class;
-use crate::gpu::{DeviceClass, GpuContext, weight};
+use crate::gpu::{DeviceClass, GpuContext, Tensor, weight};
 use crate::kv::KvCacheShape;
 use crate::model::{KV_BLOCK_TOKENS, ModelConfig};
 use crate::{Error, Result};
@@ -92,14 +91,9 @@ impl MemoryPlan {
         };
         let shape =
             KvCacheShape { layers: config.n_layers, kv_heads: config.n_kv_heads, head_dim: config.head_dim };
-        let padding = crate::tuning::tensor_padding_bytes(ctx.device_class());
-        // Each layer's K and V is one pooled tensor, rounded up to the pool's size classes.
-        let kv_bytes = |tokens: usize| {
-            let layer = (tokens.next_multiple_of(KV_BLOCK_TOKENS) as u64) * shape.token_bytes_per_layer();
-            size_class(layer + padding) * 2 * shape.layers as u64
-        };
+        let kv_bytes = |tokens: usize| shape.cache_bytes(ctx, KV_BLOCK_TOKENS, tokens);
         let whole_blocks = |tokens: usize| tokens / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
-        let max_kv_tokens = whole_blocks((ctx.max_binding_bytes() / shape.token_bytes_per_layer()) as usize);
+        let max_kv_tokens = shape.max_tokens(ctx.max_binding_bytes(), KV_BLOCK_TOKENS);
         let weight_bytes = weight_bytes(ctx, file)?;
         let min_activation_bytes = step_activation_bytes(&config, 1, 1);
         let activation_bytes = step_activation_bytes(&config, request.step_tokens, request.max_rows);
@@ -142,6 +136,22 @@ impl MemoryPlan {
         self.weight_bytes + self.kv_bytes + self.min_activation_bytes
     }
 
+    /// The plan in one line, for an error message.
+    fn one_line(&self) -> String {
+        let available = match (self.available_bytes, self.available_from) {
+            (Some(bytes), Some(from)) => format!(" of {} ({from})", mib(bytes)),
+            _ => String::new(),
+        };
+        format!(
+            "plan: weights {} + KV cache {} ({} tokens) + activations {} = {}{available}",
+            mib(self.weight_bytes),
+            mib(self.kv_bytes),
+            self.kv_tokens,
+            mib(self.activation_bytes),
+            mib(self.total_bytes())
+        )
+    }
+
     fn checked(self, request: &PlanRequest) -> Result<MemoryPlan> {
         let too_large = |reason: String| Error::DoesNotFit { reason, plan: self.one_line() };
         if self.kv_tokens > self.max_kv_tokens {
@@ -175,18 +185,18 @@ impl MemoryPlan {
 /// The weights as the upload will hold them on `ctx`'s device: matrices in chunks of the GPU
 /// layout (buffers, or textures of whole rows), vectors (norms, biases) as pooled f32 tensors.
 fn weight_bytes(ctx: &GpuContext, file: &GgufFile) -> Result<u64> {
-    let padding = crate::tuning::tensor_padding_bytes(ctx.device_class());
     file.tensors()
         .iter()
         .map(|info| match info.rows() {
-            0 | 1 => Ok(size_class(info.elements() as u64 * 4 + padding)),
+            0 | 1 => Ok(Tensor::allocated_bytes(ctx, info.elements())),
             rows => weight::uploaded_bytes(ctx, info.name(), info.quant(), rows, info.row_elements()),
         })
         .sum()
 }
 
-/// The largest set of a step's activation tensors alive at once: the residual stream and its normed copy, q, k and v, the attention output, the
-/// feed-forward's gate, up and activated rows, and the logits with their candidates.
+/// The largest set of a step's activation tensors alive at once: the residual stream and its
+/// normed copy, q, k and v, the attention output, the feed-forward's gate, up and activated rows,
+/// and the logits with their candidates.
 fn step_activation_bytes(config: &ModelConfig, step_tokens: usize, max_rows: usize) -> u64 {
     let q = config.n_heads * config.head_dim;
     let kv = config.n_kv_heads * config.head_dim;
@@ -194,24 +204,6 @@ fn step_activation_bytes(config: &ModelConfig, step_tokens: usize, max_rows: usi
     let logits = max_rows.min(step_tokens) * config.vocab_size;
     // A quarter more for the pool's size classes and the small tensors (positions, tables).
     (step_tokens * per_token + logits) as u64 * 4 * 5 / 4
-}
-
-impl MemoryPlan {
-    /// The plan in one line, for an error message.
-    fn one_line(&self) -> String {
-        let available = match (self.available_bytes, self.available_from) {
-            (Some(bytes), Some(from)) => format!(" of {} ({from})", mib(bytes)),
-            _ => String::new(),
-        };
-        format!(
-            "plan: weights {} + KV cache {} ({} tokens) + activations {} = {}{available}",
-            mib(self.weight_bytes),
-            mib(self.kv_bytes),
-            self.kv_tokens,
-            mib(self.activation_bytes),
-            mib(self.total_bytes())
-        )
-    }
 }
 
 fn mib(bytes: u64) -> String {

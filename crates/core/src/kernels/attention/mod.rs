@@ -1,5 +1,5 @@
 //! Attention over a paged KV cache (`shaders/attention*.wgsl`, `shaders/kv_store.wgsl`,
-//! `shaders/rope_kv.wgsl`): storing the keys and values of new tokens, decode attention (one new
+//! `shaders/rope_kv.wgsl`, the cache's words in `shaders/kv_halves.wgsl`): storing the keys and values of new tokens, decode attention (one new
 //! token per sequence) and causal prefill attention (many rows, several sequences, chunks after
 //! cached tokens).
 //!
@@ -61,6 +61,8 @@ use crate::kernels::norm::{NormWeight, RmsNorm, rms_norm_in_place};
 use crate::kernels::rope::{Rope, RopeConfig};
 use crate::tuning;
 
+/// The cache's word format, before every kernel that reads or writes the cache.
+const KV_HALVES: &str = include_str!("../../../shaders/kv_halves.wgsl");
 const COMMON: &str = include_str!("../../../shaders/attention.wgsl");
 /// The serial kernels' shared helpers (CPU devices).
 const SERIAL: &str = include_str!("../../../shaders/attention_serial.wgsl");
@@ -423,7 +425,7 @@ pub fn store_kv(
         ctx,
         &KvStoreParams { row_vec4s, n_tokens: n_tokens as u32, n_slots: geometry.slots() as u32, _pad: 0 },
     )?;
-    let source = KernelSource::new(KERNEL, &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u"));
+    let source = KernelSource::new(KERNEL, &[KV_HALVES, KV_STORE]).define("WG", format!("{KV_STORE_WG}u"));
     ctx.dispatch(
         encoder,
         &source,
@@ -862,8 +864,8 @@ pub(crate) enum DecodeVariant {
 
 fn decode_source(heads: &HeadTransform, group_heads: usize, variant: DecodeVariant) -> KernelSource {
     let parts: &[&'static str] = match variant {
-        DecodeVariant::Workgroups | DecodeVariant::Split { .. } => &[COMMON, DECODE, DECODE_GPU],
-        DecodeVariant::Serial { .. } => &[COMMON, SERIAL, DECODE, DECODE_SERIAL],
+        DecodeVariant::Workgroups | DecodeVariant::Split { .. } => &[KV_HALVES, COMMON, DECODE, DECODE_GPU],
+        DecodeVariant::Serial { .. } => &[KV_HALVES, COMMON, SERIAL, DECODE, DECODE_SERIAL],
     };
     let source = heads
         .kernel("attention_decode", parts)
@@ -899,13 +901,15 @@ pub(crate) enum PrefillVariant {
 fn prefill_source(head_dim: usize, variant: PrefillVariant) -> KernelSource {
     let head_dim_define = format!("{head_dim}u");
     match variant {
-        PrefillVariant::Workgroups => KernelSource::new("attention_prefill", &[COMMON, PREFILL, PREFILL_GPU])
-            .define("HEAD_DIM", head_dim_define)
-            .define("ROWS", format!("{PREFILL_ROWS}u"))
-            .define("LANES", format!("{PREFILL_LANES}u"))
-            .define("TILE_KEYS", format!("{}u", prefill_tile_keys(head_dim))),
+        PrefillVariant::Workgroups => {
+            KernelSource::new("attention_prefill", &[KV_HALVES, COMMON, PREFILL, PREFILL_GPU])
+                .define("HEAD_DIM", head_dim_define)
+                .define("ROWS", format!("{PREFILL_ROWS}u"))
+                .define("LANES", format!("{PREFILL_LANES}u"))
+                .define("TILE_KEYS", format!("{}u", prefill_tile_keys(head_dim)))
+        }
         PrefillVariant::Serial { group_heads, rows, .. } => {
-            KernelSource::new("attention_prefill", &[COMMON, SERIAL, PREFILL, PREFILL_SERIAL])
+            KernelSource::new("attention_prefill", &[KV_HALVES, COMMON, SERIAL, PREFILL, PREFILL_SERIAL])
                 .define("HEAD_DIM", head_dim_define)
                 .define("TEXTURE_WIDTH", format!("{TEXTURE_WIDTH}u"))
                 .define("ROWS", format!("{rows}u"))

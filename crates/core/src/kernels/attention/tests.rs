@@ -670,7 +670,9 @@ fn every_head_dim_variant_validates_and_fits_16_kib() {
             .map(|(_, var)| module.types[var.ty].inner.size(module.to_ctx()) as usize)
             .sum::<usize>()
     };
-    validate_wgsl(&KernelSource::new("kv_store", &[KV_STORE]).define("WG", format!("{KV_STORE_WG}u")));
+    validate_wgsl(
+        &KernelSource::new("kv_store", &[KV_HALVES, KV_STORE]).define("WG", format!("{KV_STORE_WG}u")),
+    );
     let ctx = gpu();
     for head_dim in (4..=MAX_HEAD_DIM).step_by(4) {
         let weight = vec![1.0f32; head_dim];
