@@ -17,10 +17,13 @@ use crate::kernels::testing::Rng;
 use crate::model::config::Architecture;
 use crate::quant::QuantType;
 
-/// Bound on the difference of GPU and CPU logits, relative to the row's largest |logit|: f32
-/// rounding through a few layers of width 64 (measured below 1e-6); a wrong rope base, window
-/// or norm moves logits by a tenth or more.
-const LOGIT_TOLERANCE: f64 = 2e-5;
+/// Bound on the difference of GPU and CPU logits, relative to the row's largest |logit|. f32
+/// rounding through a few layers of width 64 stays below 1e-6; the KV cache's f16 adds more:
+/// where a key or value's f32 value on the GPU and f64 value here lie on either side of an f16
+/// rounding boundary, the two passes store it an f16 ulp apart (which elements do varies from
+/// run to run with the GPU's last f32 bits). Measured over 20 runs of the four tests: at most
+/// 5.8e-5 (qwen3). A wrong rope base, window or norm moves logits by a tenth or more.
+const LOGIT_TOLERANCE: f64 = 2e-4;
 
 /// A test device of its own: [`Model::load`] takes a shared context.
 fn gpu() -> Arc<GpuContext> {
