@@ -45,7 +45,7 @@ fn dequantized_rows_match_the_gguf_python_package() {
         assert_eq!(tensor.shape(), reference.shape, "{what}: shape");
         types_seen.push(tensor.quant().name());
 
-        let data = file.tensor_bytes(tensor);
+        let data = file.tensor_bytes(tensor).unwrap();
         let row_bytes = tensor.row_bytes();
         let last_row = (tensor.rows() - 1).to_string();
         let row_names: Vec<&str> = reference.rows.keys().map(String::as_str).collect();

@@ -25,8 +25,15 @@ fn gpu() -> std::sync::Arc<GpuContext> {
 
 fn upload(ctx: &GpuContext, file: &GgufFile, tensor: &TensorInfo) -> QuantMatrix {
     let cols = tensor.row_elements();
-    QuantMatrix::upload(ctx, tensor.name(), tensor.quant(), tensor.rows(), cols, file.tensor_bytes(tensor))
-        .unwrap()
+    QuantMatrix::upload(
+        ctx,
+        tensor.name(),
+        tensor.quant(),
+        tensor.rows(),
+        cols,
+        file.tensor_bytes(tensor).unwrap(),
+    )
+    .unwrap()
 }
 
 /// Gathers `rows` of `table` on the GPU, outputs poisoned with NaN first.
@@ -78,7 +85,7 @@ fn split_token_embedding_matches_the_cpu() {
     let ctx = gpu();
     let file = GgufFile::open(GEMMA3.path()).unwrap();
     let tensor = file.tensor("token_embd.weight").unwrap();
-    let bytes = file.tensor_bytes(tensor);
+    let bytes = file.tensor_bytes(tensor).unwrap();
     let table = upload(&ctx, &file, tensor);
     let ranges = table.chunk_row_ranges();
     if bytes.len() as u64 > ctx.max_binding_bytes() {

@@ -63,6 +63,13 @@ pub enum LoadStage {
     OpeningGpu,
     /// Uploading the weights (they stay quantized) and allocating the KV cache.
     UploadingWeights,
+    /// Weights uploaded so far: `bytes` of the `total` the model uses, reported after each tensor.
+    WeightsUploaded {
+        /// Bytes written to the GPU so far.
+        bytes: u64,
+        /// Bytes of all the weights the model uses.
+        total: u64,
+    },
     /// The model is on the GPU and the engine runs.
     Ready,
 }
@@ -509,7 +516,12 @@ fn load_engine(path: &Path, options: LoadOptions) -> Result<(LoadedModel, StepLo
     let ctx = futures::executor::block_on(GpuContext::new(&gpu))?;
     report(LoadStage::UploadingWeights);
     let described = format!("the model file '{}'", path.display());
-    let loaded = LoadedModel::load(ctx, &file, engine_options, &described)?;
+    let mut upload = LoadedModel::begin_load(ctx, &file, engine_options, &described)?;
+    let total = upload.weights().remaining_bytes();
+    while upload.weights().write_next_from(&file)? {
+        report(LoadStage::WeightsUploaded { bytes: total - upload.weights().remaining_bytes(), total });
+    }
+    let loaded = upload.finish()?;
     report(LoadStage::Ready);
     Ok(loaded)
 }

@@ -69,10 +69,22 @@ fn eight_threads_share_one_llm_and_each_gets_what_it_gets_alone() {
         LoadOptions { engine: small_engine(), on_progress: Some(on_progress), ..Default::default() },
     )
     .unwrap();
-    assert_eq!(
-        *stages.lock().unwrap(),
-        [LoadStage::ReadingFile, LoadStage::OpeningGpu, LoadStage::UploadingWeights, LoadStage::Ready]
-    );
+    let stages = stages.lock().unwrap().clone();
+    assert_eq!(stages[..3], [LoadStage::ReadingFile, LoadStage::OpeningGpu, LoadStage::UploadingWeights]);
+    assert_eq!(stages.last(), Some(&LoadStage::Ready));
+    // Then the bytes uploaded, tensor by tensor, growing to the total.
+    let uploaded: Vec<(u64, u64)> = stages[3..stages.len() - 1]
+        .iter()
+        .map(|stage| match *stage {
+            LoadStage::WeightsUploaded { bytes, total } => (bytes, total),
+            other => panic!("{other:?} among the uploads"),
+        })
+        .collect();
+    assert!(uploaded.len() > 100, "SmolLM2's 272 tensors: {} reports", uploaded.len());
+    assert!(uploaded.windows(2).all(|pair| pair[0].0 < pair[1].0 && pair[0].1 == pair[1].1));
+    let (bytes, total) = *uploaded.last().unwrap();
+    assert_eq!(bytes, total);
+    assert!(total > 90_000_000 && total <= SMOLLM2.path().metadata().unwrap().len());
     let alone: Vec<GenerateOutput> = PROMPTS.iter().map(|p| llm.generate(request(p, 6)).unwrap()).collect();
     let together: Vec<(GenerateOutput, String)> = std::thread::scope(|scope| {
         let threads: Vec<_> = PROMPTS

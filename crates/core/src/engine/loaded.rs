@@ -5,11 +5,31 @@
 use std::sync::Arc;
 
 use crate::chat::{ChatMessage, ChatTemplate};
-use crate::engine::{Engine, EngineOptions, StepLoop};
+use crate::engine::{Engine, EngineOptions, EngineUpload, StepLoop};
 use crate::gguf::GgufFile;
 use crate::gpu::GpuContext;
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, WeightUpload};
 use crate::{Error, Result};
+
+/// A [`LoadedModel`] whose weights are still coming ([`LoadedModel::begin_load`]).
+pub struct LoadedModelUpload {
+    engine: EngineUpload,
+    config: ModelConfig,
+    chat_template: std::result::Result<ChatTemplate, String>,
+}
+
+impl LoadedModelUpload {
+    /// The model's weights, to write as their bytes come.
+    pub fn weights(&mut self) -> &mut WeightUpload {
+        self.engine.weights()
+    }
+
+    /// The loaded model and its engine's step loop, once every weight is written.
+    pub fn finish(self) -> Result<(LoadedModel, StepLoop)> {
+        let (engine, step_loop) = self.engine.finish()?;
+        Ok((LoadedModel { engine, config: self.config, chat_template: self.chat_template }, step_loop))
+    }
+}
 
 /// A model loaded onto a GPU and served by an [`Engine`].
 pub struct LoadedModel {
@@ -28,16 +48,28 @@ impl LoadedModel {
         options: EngineOptions,
         described: &str,
     ) -> Result<(LoadedModel, StepLoop)> {
+        let mut upload = LoadedModel::begin_load(ctx, file, options, described)?;
+        upload.weights().write_from(file)?;
+        upload.finish()
+    }
+
+    /// [`LoadedModel::load`] for weights that come later, as [`Engine::begin_load`].
+    pub fn begin_load(
+        ctx: Arc<GpuContext>,
+        file: &GgufFile,
+        options: EngineOptions,
+        described: &str,
+    ) -> Result<LoadedModelUpload> {
         let config = ModelConfig::from_gguf(file)?;
-        let (engine, step_loop) = Engine::load(ctx, file, options)?;
-        let chat_template = match ChatTemplate::from_gguf(file, engine.tokenizer()) {
+        let engine = Engine::begin_load(ctx, file, options)?;
+        let chat_template = match ChatTemplate::from_gguf(file, &engine.tokenizer) {
             Ok(Some(template)) => Ok(template),
             Ok(None) => {
                 Err(format!("{described} has no chat template (tokenizer.chat_template): use a chat model"))
             }
             Err(error) => Err(format!("{described} has a chat template flint cannot use: {error}")),
         };
-        Ok((LoadedModel { engine, config, chat_template }, step_loop))
+        Ok(LoadedModelUpload { engine, config, chat_template })
     }
 
     /// The engine serving it.

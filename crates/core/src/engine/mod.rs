@@ -64,7 +64,7 @@ use async_channel::{Receiver, Sender};
 use futures::Stream;
 use serde::Serialize;
 
-pub use loaded::LoadedModel;
+pub use loaded::{LoadedModel, LoadedModelUpload};
 pub use request::{
     FinishReason, GenerateOutput, GenerateRequest, Logprobs, MetaInfo, Prompts, StopMatch, TokenLogprob,
 };
@@ -73,7 +73,7 @@ pub use step_loop::StepLoop;
 use crate::gguf::GgufFile;
 use crate::gpu::GpuContext;
 use crate::grammar::GrammarCompiler;
-use crate::model::{MemoryPlan, Model, PlanRequest};
+use crate::model::{MemoryPlan, Model, PlanRequest, WeightUpload};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use scheduler::{Limits, Scheduler};
@@ -232,6 +232,25 @@ pub struct Engine {
     shared: Arc<Shared>,
 }
 
+/// An engine whose model's weights are still coming ([`Engine::begin_load`]).
+pub struct EngineUpload {
+    weights: WeightUpload,
+    tokenizer: Tokenizer,
+    options: EngineOptions,
+}
+
+impl EngineUpload {
+    /// The model's weights, to write as their bytes come.
+    pub fn weights(&mut self) -> &mut WeightUpload {
+        &mut self.weights
+    }
+
+    /// The engine and its step loop, once every weight is written.
+    pub fn finish(self) -> Result<(Engine, StepLoop)> {
+        Engine::new(self.weights.finish()?, self.tokenizer, self.options)
+    }
+}
+
 impl Engine {
     /// An engine serving `model`, with `tokenizer` (the model's), and the step loop that runs
     /// it. Nothing runs until the host polls the loop.
@@ -298,10 +317,24 @@ impl Engine {
     /// before any upload, and without [`EngineOptions::kv_cache_tokens`] the KV cache gets the
     /// room the plan finds (up to the model's context).
     pub fn load(ctx: Arc<GpuContext>, file: &GgufFile, options: EngineOptions) -> Result<(Engine, StepLoop)> {
+        let mut upload = Engine::begin_load(ctx, file, options)?;
+        upload.weights().write_from(file)?;
+        upload.finish()
+    }
+
+    /// [`Engine::load`] for weights that come later: plans, reads the tokenizer and builds the
+    /// model ([`Model::begin_load`]); the [`EngineUpload`] takes the weights as they come and
+    /// then makes the engine. `file` may be opened from its header
+    /// ([`GgufFile::from_header`]).
+    pub fn begin_load(ctx: Arc<GpuContext>, file: &GgufFile, options: EngineOptions) -> Result<EngineUpload> {
         let tokenizer = Tokenizer::from_gguf(file)?;
         let plan = MemoryPlan::new(&ctx, file, &options.plan_request())?;
-        let model = Model::load(ctx, file)?;
-        Engine::new(model, tokenizer, EngineOptions { kv_cache_tokens: Some(plan.kv_tokens), ..options })
+        let weights = Model::begin_load(ctx, file)?;
+        Ok(EngineUpload {
+            weights,
+            tokenizer,
+            options: EngineOptions { kv_cache_tokens: Some(plan.kv_tokens), ..options },
+        })
     }
 
     /// The model's tokenizer.

@@ -11,11 +11,38 @@ pub(super) type Reason = String;
 pub(super) struct Cursor<'a> {
     bytes: &'a [u8],
     position: usize,
+    /// The length of the whole file, of which `bytes` may be only the first part.
+    file_bytes: u64,
+    /// A read or a count needed bytes past `bytes` that the file has.
+    past_prefix: bool,
 }
 
 impl<'a> Cursor<'a> {
+    /// A cursor over a whole file.
     pub(super) fn new(bytes: &'a [u8]) -> Self {
-        Cursor { bytes, position: 0 }
+        Cursor { bytes, position: 0, file_bytes: bytes.len() as u64, past_prefix: false }
+    }
+
+    /// A cursor over the first bytes of a file of `file_bytes` bytes.
+    pub(super) fn prefix(bytes: &'a [u8], file_bytes: u64) -> Self {
+        Cursor { bytes, position: 0, file_bytes: file_bytes.max(bytes.len() as u64), past_prefix: false }
+    }
+
+    /// Whether `count` more bytes are at hand. When they are not but the file has them, the
+    /// cursor remembers it: [`Cursor::ran_past_prefix`].
+    pub(super) fn fits(&mut self, count: u64) -> bool {
+        if count <= self.remaining() as u64 {
+            return true;
+        }
+        if (self.position as u64).checked_add(count).is_some_and(|end| end <= self.file_bytes) {
+            self.past_prefix = true;
+        }
+        false
+    }
+
+    /// A read failed for want of bytes the file has past the prefix: a longer prefix may parse.
+    pub(super) fn ran_past_prefix(&self) -> bool {
+        self.past_prefix
     }
 
     /// Byte offset of the next read from the start of the file.
@@ -23,7 +50,13 @@ impl<'a> Cursor<'a> {
         self.position
     }
 
-    /// Bytes between the next read and the end of the file.
+    /// The length of the whole file.
+    pub(super) fn file_bytes(&self) -> u64 {
+        self.file_bytes
+    }
+
+    /// Bytes at hand between the next read and the end of the prefix (the file's end when the
+    /// cursor has the whole file).
     pub(super) fn remaining(&self) -> usize {
         self.bytes.len() - self.position
     }
@@ -31,7 +64,7 @@ impl<'a> Cursor<'a> {
     /// The next `count` bytes. `count` is a `u64` because lengths in the file are: comparing
     /// before converting keeps a 2^60 length from wrapping on 32-bit targets.
     pub(super) fn take(&mut self, count: u64) -> Result<&'a [u8], Reason> {
-        if count > self.remaining() as u64 {
+        if !self.fits(count) {
             return Err(format!(
                 "truncated: {count} bytes needed at offset {}, but the file ends at {} bytes",
                 self.position,

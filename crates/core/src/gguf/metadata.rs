@@ -138,7 +138,7 @@ fn read_array(cursor: &mut Cursor, depth: usize) -> Result<MetadataArray, Reason
     let count = cursor.u64()?;
     let min_bytes = min_value_bytes(element_type).ok_or_else(|| unknown_type(element_type))?;
     // The count is untrusted: the elements must fit in what is left before anything is allocated.
-    if count.checked_mul(min_bytes).is_none_or(|bytes| bytes > cursor.remaining() as u64) {
+    if !count.checked_mul(min_bytes).is_some_and(|bytes| cursor.fits(bytes)) {
         return Err(format!(
             "array of {count} elements of type {element_type} (count at offset {count_at}) needs at \
              least {min_bytes} bytes each, but only {} bytes are left in the file",

@@ -53,9 +53,10 @@ fn gguf_error(context: impl Into<String>, reason: impl Into<String>) -> Error {
     Error::Gguf { context: context.into(), reason: reason.into() }
 }
 
-/// A parsed, validated GGUF file that owns (or maps) its bytes.
+/// A parsed, validated GGUF file that owns (or maps) its bytes, or only its header and the
+/// bytes of the tensors read since ([`GgufFile::from_header`]).
 pub struct GgufFile {
-    bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
+    data: Data,
     /// The memory map the bytes are, when [`GgufFile::open`] made them one.
     #[cfg(not(target_arch = "wasm32"))]
     mapping: Option<std::sync::Arc<memmap2::Mmap>>,
@@ -65,6 +66,14 @@ pub struct GgufFile {
     data_offset: usize,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+}
+
+/// Where a [`GgufFile`]'s tensor bytes are.
+enum Data {
+    /// The whole file, in memory or mapped.
+    Whole(Box<dyn AsRef<[u8]> + Send + Sync>),
+    /// Only the header was read: the file's length, and the tensors read since, by index.
+    Header { file_bytes: u64, tensors: HashMap<usize, Vec<u8>> },
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -120,8 +129,10 @@ impl GgufFile {
             // Whole pages inside the tensor's bytes only: its neighbours may still be wanted.
             // 16 KiB: a multiple of the 4 KiB and 16 KiB pages of the platforms flint runs on.
             const PAGE: usize = 16 << 10;
-            let start = info.file_offset().next_multiple_of(PAGE);
-            let end = (info.file_offset() + info.bytes()) / PAGE * PAGE;
+            // A mapped file is in the address space whole: its offsets fit a usize.
+            let offset = info.file_offset() as usize;
+            let start = offset.next_multiple_of(PAGE);
+            let end = (offset + info.bytes()) / PAGE * PAGE;
             if end > start {
                 // SAFETY: the map is read-only and private and never written through, so a
                 // dropped page holds nothing but the file's bytes: touched again, it is read
@@ -138,9 +149,29 @@ impl GgufFile {
     /// Parses a GGUF file held in memory: a `Vec<u8>`, `Arc<[u8]>`, `Box<[u8]>`, a static
     /// slice, or a memory map. The bytes are kept, not copied.
     pub fn from_bytes(bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Result<Self> {
-        let parsed = parse(bytes.as_ref())?;
-        Ok(GgufFile {
-            bytes: Box::new(bytes),
+        let parsed = parse(&mut Cursor::new(bytes.as_ref()))?;
+        Ok(Self::with_data(parsed, Data::Whole(Box::new(bytes))))
+    }
+
+    /// Parses the header of a file of `file_bytes` bytes from its first bytes, `prefix`: what a
+    /// streaming load reads before any tensor (the browser's, whose files may exceed its
+    /// memory). `Ok(None)` when the header goes on past `prefix`: read more and try again.
+    /// The tensors' bytes are then read one by one and handed in with
+    /// [`GgufFile::insert_tensor_bytes`].
+    pub fn from_header(prefix: &[u8], file_bytes: u64) -> Result<Option<Self>> {
+        let mut cursor = Cursor::prefix(prefix, file_bytes);
+        match parse(&mut cursor) {
+            Ok(parsed) => {
+                Ok(Some(Self::with_data(parsed, Data::Header { file_bytes, tensors: HashMap::new() })))
+            }
+            Err(_) if cursor.ran_past_prefix() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn with_data(parsed: ParsedFile, data: Data) -> Self {
+        GgufFile {
+            data,
             #[cfg(not(target_arch = "wasm32"))]
             mapping: None,
             version: parsed.version,
@@ -149,7 +180,33 @@ impl GgufFile {
             data_offset: parsed.data_offset,
             tensors: parsed.tensors,
             tensor_index: parsed.tensor_index,
-        })
+        }
+    }
+
+    /// Hands in the bytes of `name`, read from the file, to a file opened with
+    /// [`GgufFile::from_header`]; [`GgufFile::tensor_bytes`] gives them from then on.
+    pub fn insert_tensor_bytes(&mut self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        let index = *self
+            .tensor_index
+            .get(name)
+            .ok_or_else(|| gguf_error(format!("tensor '{name}'"), "is not in the file"))?;
+        let expected = self.tensors[index].bytes();
+        if bytes.len() != expected {
+            return Err(gguf_error(
+                format!("tensor '{name}'"),
+                format!("{} bytes were read for it, but it has {expected}", bytes.len()),
+            ));
+        }
+        match &mut self.data {
+            Data::Header { tensors, .. } => {
+                tensors.insert(index, bytes);
+                Ok(())
+            }
+            Data::Whole(_) => Err(gguf_error(
+                format!("tensor '{name}'"),
+                "the whole file is at hand: its bytes are not handed in",
+            )),
+        }
     }
 
     /// The GGUF version (2 or 3).
@@ -173,8 +230,11 @@ impl GgufFile {
     }
 
     /// Size of the whole file in bytes.
-    pub fn file_bytes(&self) -> usize {
-        self.bytes().len()
+    pub fn file_bytes(&self) -> u64 {
+        match &self.data {
+            Data::Whole(bytes) => (**bytes).as_ref().len() as u64,
+            Data::Header { file_bytes, .. } => *file_bytes,
+        }
     }
 
     /// Every tensor, in the order of the file.
@@ -187,21 +247,31 @@ impl GgufFile {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// The data of a tensor of this file (`info.bytes()` bytes).
-    ///
-    /// # Panics
-    /// If `info` comes from another file and lies outside this one.
-    pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
-        &self.bytes()[info.file_offset()..info.file_offset() + info.bytes()]
+    /// The data of a tensor of this file (`info.bytes()` bytes). An error when `info` is not
+    /// one of this file's tensors, or when the file was opened from its header and the tensor's
+    /// bytes have not been handed in.
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<&[u8]> {
+        let context = || format!("tensor '{}'", info.name());
+        let index = self
+            .tensor_index
+            .get(info.name())
+            .filter(|&&index| self.tensors[index] == *info)
+            .ok_or_else(|| gguf_error(context(), "is not one of this file's tensors"))?;
+        match &self.data {
+            // Validated at parsing: the range lies inside the file, which is in memory whole.
+            Data::Whole(bytes) => {
+                let start = info.file_offset() as usize;
+                Ok(&(**bytes).as_ref()[start..start + info.bytes()])
+            }
+            Data::Header { tensors, .. } => tensors.get(index).map(Vec::as_slice).ok_or_else(|| {
+                gguf_error(context(), "its bytes have not been read (the file was opened from its header)")
+            }),
+        }
     }
 
     /// The summary `flint inspect` prints: architecture, hyper-parameters, tokenizer, tensors.
     pub fn summary(&self) -> Result<ModelSummary> {
         ModelSummary::of(self)
-    }
-
-    fn bytes(&self) -> &[u8] {
-        (*self.bytes).as_ref()
     }
 }
 
@@ -226,8 +296,8 @@ struct ParsedFile {
     tensor_index: HashMap<String, usize>,
 }
 
-fn parse(bytes: &[u8]) -> Result<ParsedFile> {
-    let mut cursor = Cursor::new(bytes);
+/// Parses a file's header and tensor infos from `cursor`, at its start.
+fn parse(cursor: &mut Cursor) -> Result<ParsedFile> {
     let header = |reason| gguf_error("header", reason);
 
     let magic = cursor.take(4).map_err(header)?;
@@ -264,7 +334,7 @@ fn parse(bytes: &[u8]) -> Result<ParsedFile> {
         .checked_mul(MIN_METADATA_ENTRY_BYTES)
         .zip(tensor_count.checked_mul(tensor_info::MIN_TENSOR_INFO_BYTES))
         .and_then(|(metadata, tensors)| metadata.checked_add(tensors));
-    if least_bytes.is_none_or(|least| least > cursor.remaining() as u64) {
+    if !least_bytes.is_some_and(|least| cursor.fits(least)) {
         return Err(header(format!(
             "{metadata_count} metadata entries and {tensor_count} tensor infos cannot fit in the {} bytes \
              left in the file (the header is corrupt or the file truncated)",
@@ -272,7 +342,7 @@ fn parse(bytes: &[u8]) -> Result<ParsedFile> {
         )));
     }
 
-    let metadata = read_metadata(&mut cursor, metadata_count)?;
+    let metadata = read_metadata(cursor, metadata_count)?;
     let alignment = match metadata.optional::<u32>("general.alignment")? {
         None => DEFAULT_ALIGNMENT,
         Some(alignment) if alignment.is_power_of_two() => alignment as usize,
@@ -286,7 +356,7 @@ fn parse(bytes: &[u8]) -> Result<ParsedFile> {
     let mut headers = Vec::with_capacity(tensor_count);
     let mut tensor_index = HashMap::with_capacity(tensor_count);
     for index in 0..tensor_count {
-        let header = tensor_info::read_tensor_header(&mut cursor, index, alignment)?;
+        let header = tensor_info::read_tensor_header(cursor, index, alignment)?;
         if let Some(first) = tensor_index.insert(header.name.clone(), index) {
             return Err(gguf_error(
                 format!("tensor '{}'", header.name),
@@ -302,7 +372,7 @@ fn parse(bytes: &[u8]) -> Result<ParsedFile> {
         .ok_or_else(|| gguf_error("data section", format!("start overflows when aligned to {alignment}")))?;
     let tensors = headers
         .into_iter()
-        .map(|header| tensor_info::locate(header, data_offset, bytes.len()))
+        .map(|header| tensor_info::locate(header, data_offset, cursor.file_bytes()))
         .collect::<Result<Vec<_>>>()?;
     tensor_info::check_disjoint(&tensors)?;
     Ok(ParsedFile { version, metadata, alignment, data_offset, tensors, tensor_index })

@@ -17,7 +17,7 @@ pub struct ModelSummary {
     /// GGUF version of the file.
     pub gguf_version: u32,
     /// Size of the whole file.
-    pub file_bytes: usize,
+    pub file_bytes: u64,
     /// The `{architecture}.*` hyper-parameters present in the file.
     pub hyper_parameters: HyperParameters,
     /// The tokenizer, when the file has `tokenizer.ggml.model`.
@@ -27,7 +27,7 @@ pub struct ModelSummary {
     /// Number of tensors.
     pub tensor_count: usize,
     /// Bytes of all tensors' data.
-    pub tensor_bytes: usize,
+    pub tensor_bytes: u64,
     /// Tensors per type, the most common type first.
     pub tensor_types: Vec<TensorTypeSummary>,
 }
@@ -87,7 +87,7 @@ pub struct TensorTypeSummary {
     /// Number of tensors of this type.
     pub count: usize,
     /// Bytes of their data.
-    pub bytes: usize,
+    pub bytes: u64,
 }
 
 fn serialize_ggml_name<S: serde::Serializer>(quant: &QuantType, serializer: S) -> Result<S::Ok, S::Error> {
@@ -147,12 +147,12 @@ impl ModelSummary {
             match tensor_types.iter_mut().find(|summary| summary.quant == tensor.quant()) {
                 Some(summary) => {
                     summary.count += 1;
-                    summary.bytes += tensor.bytes();
+                    summary.bytes += tensor.bytes() as u64;
                 }
                 None => tensor_types.push(TensorTypeSummary {
                     quant: tensor.quant(),
                     count: 1,
-                    bytes: tensor.bytes(),
+                    bytes: tensor.bytes() as u64,
                 }),
             }
         }
@@ -166,14 +166,14 @@ impl ModelSummary {
             tokenizer: TokenizerSummary::read(metadata)?,
             has_chat_template: metadata.get("tokenizer.chat_template").is_some(),
             tensor_count: file.tensors().len(),
-            tensor_bytes: file.tensors().iter().map(|tensor| tensor.bytes()).sum(),
+            tensor_bytes: file.tensors().iter().map(|tensor| tensor.bytes() as u64).sum(),
             tensor_types,
         })
     }
 }
 
 /// "98362432 bytes (93.8 MiB)".
-fn bytes_and_mib(bytes: usize) -> String {
+fn bytes_and_mib(bytes: u64) -> String {
     format!("{bytes} bytes ({:.1} MiB)", bytes as f64 / (1024.0 * 1024.0))
 }
 
@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn summarizes_architecture_hyper_parameters_tokenizer_and_tensors() {
         let (bytes, _) = llama_like().build();
-        let file_bytes = bytes.len();
+        let file_bytes = bytes.len() as u64;
         let summary = GgufFile::from_bytes(bytes).unwrap().summary().unwrap();
         assert_eq!(summary.architecture, "llama");
         assert_eq!(summary.name.as_deref(), Some("Tiny"));

@@ -18,8 +18,8 @@ pub struct TensorInfo {
     name: String,
     shape: Vec<usize>,
     quant: QuantType,
-    offset: usize,
-    file_offset: usize,
+    offset: u64,
+    file_offset: u64,
     bytes: usize,
 }
 
@@ -41,12 +41,12 @@ impl TensorInfo {
     }
 
     /// Offset of the first byte from the start of the data section, as stored in the file.
-    pub fn offset(&self) -> usize {
+    pub fn offset(&self) -> u64 {
         self.offset
     }
 
     /// Offset of the first byte from the start of the file.
-    pub fn file_offset(&self) -> usize {
+    pub fn file_offset(&self) -> u64 {
         self.file_offset
     }
 
@@ -153,10 +153,11 @@ pub(super) fn read_tensor_header(
 
 /// Places a tensor whose data section starts at `data_start` in a file of `file_bytes`,
 /// checking that its data lies inside the file.
-pub(super) fn locate(header: TensorHeader, data_start: usize, file_bytes: usize) -> Result<TensorInfo> {
+pub(super) fn locate(header: TensorHeader, data_start: usize, file_bytes: u64) -> Result<TensorInfo> {
     let TensorHeader { name, shape, quant, offset, bytes } = header;
-    let start = usize::try_from(offset).ok().and_then(|offset| offset.checked_add(data_start));
-    let range = start.and_then(|start| Some(start..start.checked_add(bytes)?));
+    let data_start = data_start as u64;
+    let start = offset.checked_add(data_start);
+    let range = start.and_then(|start| Some(start..start.checked_add(bytes as u64)?));
     match range {
         Some(range) if range.end <= file_bytes => Ok(TensorInfo {
             offset: range.start - data_start,
@@ -179,16 +180,16 @@ pub(super) fn check_disjoint(tensors: &[TensorInfo]) -> Result<()> {
     by_start.sort_by_key(|tensor| (tensor.file_offset, tensor.bytes));
     for pair in by_start.windows(2) {
         let (first, second) = (pair[0], pair[1]);
-        if second.file_offset < first.file_offset + first.bytes {
+        if second.file_offset < first.file_offset + first.bytes as u64 {
             return Err(gguf_error(
                 format!("tensor '{}'", second.name),
                 format!(
                     "data (bytes {}..{} of the file) overlaps tensor '{}' (bytes {}..{})",
                     second.file_offset,
-                    second.file_offset + second.bytes,
+                    second.file_offset + second.bytes as u64,
                     first.name,
                     first.file_offset,
-                    first.file_offset + first.bytes
+                    first.file_offset + first.bytes as u64
                 ),
             ));
         }

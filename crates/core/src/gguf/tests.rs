@@ -113,7 +113,7 @@ fn reads_every_value_type_and_tensor_in_v2_and_v3() {
         assert_eq!(file.alignment(), 32);
         assert_eq!(file.data_offset(), layout.data_start);
         assert_eq!(file.data_offset() % 32, 0);
-        assert_eq!(file.file_bytes(), bytes.len());
+        assert_eq!(file.file_bytes(), bytes.len() as u64);
 
         let expected_tensors = [
             ("token_embd.weight", vec![64, 3], QuantType::Q8_0, 1, 3 * 2 * 34),
@@ -128,8 +128,8 @@ fn reads_every_value_type_and_tensor_in_v2_and_v3() {
                 (name, &shape[..], quant, bytes)
             );
             assert_eq!(tensor.offset() % 32, 0);
-            assert_eq!(tensor.file_offset(), file.data_offset() + tensor.offset());
-            assert_eq!(file.tensor_bytes(tensor), pattern(seed, bytes), "{name}");
+            assert_eq!(tensor.file_offset(), file.data_offset() as u64 + tensor.offset());
+            assert_eq!(file.tensor_bytes(tensor).unwrap(), pattern(seed, bytes), "{name}");
             assert_eq!(file.tensor(name), Some(tensor));
         }
         assert_eq!(file.tensor("missing.weight"), None);
@@ -162,7 +162,7 @@ fn honours_general_alignment() {
     assert_eq!((file.alignment(), file.data_offset()), (256, layout.data_start));
     assert_eq!(file.data_offset() % 256, 0);
     assert_eq!(file.tensor("b").unwrap().offset(), 256);
-    assert_eq!(file.tensor_bytes(file.tensor("b").unwrap()), pattern(6, 68));
+    assert_eq!(file.tensor_bytes(file.tensor("b").unwrap()).unwrap(), pattern(6, 68));
 }
 
 #[test]
@@ -493,4 +493,63 @@ fn array_nesting_is_bounded() {
         let (bytes, _) = GgufWriter::new(3).metadata("deep", nested(depth)).build();
         assert_rejected(bytes, &["metadata key 'deep'", "arrays nested more than 8 deep"]);
     }
+}
+
+#[test]
+fn a_header_read_from_the_first_bytes_gives_tensor_bytes_once_handed_in() {
+    let (bytes, _) = sample(3).build();
+    let file = GgufFile::from_bytes(bytes.clone()).unwrap();
+    let size = bytes.len() as u64;
+    // Any prefix too short for the header asks for more; one that holds it parses as the file.
+    for len in 0..file.data_offset() {
+        if let Some(header) = GgufFile::from_header(&bytes[..len], size).unwrap() {
+            assert_eq!(header.tensors(), file.tensors(), "a prefix of {len} bytes");
+        }
+    }
+    assert!(GgufFile::from_header(&bytes[..40], size).unwrap().is_none());
+    let mut header = GgufFile::from_header(&bytes[..file.data_offset()], size).unwrap().unwrap();
+    assert_eq!(header.metadata().entries(), file.metadata().entries());
+    assert_eq!((header.tensors(), header.file_bytes()), (file.tensors(), size));
+
+    let norm = file.tensor("output_norm.weight").unwrap();
+    let error = header.tensor_bytes(norm).unwrap_err().to_string();
+    assert!(error.contains("output_norm.weight") && error.contains("not been read"), "{error}");
+    let error = header.insert_tensor_bytes("output_norm.weight", vec![0; 3]).unwrap_err().to_string();
+    assert!(error.contains("3 bytes") && error.contains("20"), "{error}");
+    let error = header.insert_tensor_bytes("nope", vec![]).unwrap_err().to_string();
+    assert!(error.contains("'nope'") && error.contains("not in the file"), "{error}");
+    header.insert_tensor_bytes("output_norm.weight", file.tensor_bytes(norm).unwrap().to_vec()).unwrap();
+    assert_eq!(header.tensor_bytes(norm).unwrap(), file.tensor_bytes(norm).unwrap());
+
+    // A corrupt header is an error at once, not a request for more bytes; so is a tensor that
+    // lies past the file's announced end.
+    let mut corrupt = bytes.clone();
+    corrupt[0] = b'X';
+    assert!(GgufFile::from_header(&corrupt[..40], size).is_err());
+    let error = GgufFile::from_header(&bytes[..file.data_offset()], size - 1).unwrap_err().to_string();
+    assert!(error.contains("past the end of the file"), "{error}");
+}
+
+/// A browser reads files larger than its 32-bit address space from their header: offsets past
+/// 4 GiB are kept whole.
+#[test]
+fn a_header_locates_tensors_past_4_gib() {
+    let huge_rows: u64 = 1 << 27;
+    let writer = GgufWriter::new(3)
+        .metadata("general.architecture", MetadataValue::String("llama".into()))
+        .tensor_later("huge", &[32, huge_rows], Q8_0, (huge_rows * 34) as usize)
+        .tensor("small", &[4], F32, pattern(7, 16));
+    let mut prefix = Vec::new();
+    // Only the header is written: the first tensor's bytes are refused.
+    let _ = writer.write(&mut prefix, |_, _| Err(std::io::ErrorKind::Interrupted.into()));
+    let data_start = prefix.len() as u64;
+    let small_offset = (huge_rows * 34).next_multiple_of(32);
+    let size = data_start + small_offset + 16;
+    let mut file = GgufFile::from_header(&prefix, size).unwrap().unwrap();
+    let small = file.tensor("small").unwrap().clone();
+    assert_eq!((small.offset(), small.file_offset()), (small_offset, data_start + small_offset));
+    assert!(small.file_offset() > u64::from(u32::MAX));
+    file.insert_tensor_bytes("small", pattern(7, 16)).unwrap();
+    assert_eq!(file.tensor_bytes(&small).unwrap(), pattern(7, 16));
+    assert_eq!(file.summary().unwrap().tensor_bytes, huge_rows * 34 + 16);
 }

@@ -397,9 +397,9 @@ impl GpuContext {
         self.last_submission.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Counts `bytes` just written into a buffer mapped at creation. wgpu copies such a buffer
-    /// through host staging memory that it frees only once a submission has carried the copy
-    /// out, and a load submits nothing else: every [`UPLOAD_STAGING_BYTES`] the queue is
+    /// Counts `bytes` just written through the queue (`write_buffer`, `write_texture`). wgpu
+    /// copies them through host staging memory that it frees only once a submission has carried
+    /// the copy out, and a load submits nothing else: every [`UPLOAD_STAGING_BYTES`] the queue is
     /// flushed, and (natively) the flush before it waited for, so that at most two windows of
     /// staging memory are held while the host goes on writing, instead of the model's size.
     pub(crate) fn staged_upload(&self, bytes: u64) {

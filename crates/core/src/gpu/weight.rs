@@ -269,86 +269,95 @@ impl QuantMatrix {
             )));
         }
         let part_rows: Vec<usize> = parts.iter().map(|p| p.len() / row_bytes).collect();
+        let matrix = Self::allocate(ctx, name, quant, cols, &part_rows, max_chunk_bytes)?;
+        for (part, bytes) in parts.iter().enumerate() {
+            matrix.part_writer(part).write(ctx, quant, bytes)?;
+        }
+        Ok(matrix)
+    }
+
+    /// A matrix of the stacked parts of `part_rows` rows each, in buffers (or textures) not
+    /// written yet: each part's [`PartWriter`] writes its rows when its bytes are at hand (a
+    /// streaming load allocates every matrix first, then writes tensors in the file's order).
+    pub(crate) fn allocate(
+        ctx: &GpuContext,
+        name: &str,
+        quant: QuantType,
+        cols: usize,
+        part_rows: &[usize],
+        max_chunk_bytes: u64,
+    ) -> Result<Self> {
+        Self::row_bytes(name, quant, cols)?;
         let rows: usize = part_rows.iter().sum();
         // Kernels index rows and columns with u32.
-        if rows == 0 || rows > u32::MAX as usize || cols > u32::MAX as usize {
+        if part_rows.contains(&0) || rows > u32::MAX as usize || cols > u32::MAX as usize {
             return Err(shape_error(format!(
-                "weight '{name}' has {rows} rows and {cols} columns: both must be between 1 and {}",
+                "weight '{name}' has parts of {part_rows:?} rows and {cols} columns: each must be \
+                 between 1 and {}",
                 u32::MAX
             )));
         }
         let (row_words, rows_per_chunk) = chunking(ctx, name, quant, cols, max_chunk_bytes)?;
-        let textures = ctx.features().weight_textures;
-        let mut matrix = QuantMatrix {
+        let mut chunks = Vec::new();
+        for first_row in (0..rows).step_by(rows_per_chunk) {
+            let chunk_rows = rows_per_chunk.min(rows - first_row);
+            let label = format!("{name} rows {first_row}..{}", first_row + chunk_rows);
+            let words = chunk_rows * row_words;
+            let memory = ctx.memory.reserve(&label, chunk_bytes(ctx, words))?;
+            let storage = if ctx.features().weight_textures {
+                let texture = words_texture(ctx, &label, words);
+                ChunkStorage::Texture(texture.create_view(&wgpu::TextureViewDescriptor::default()))
+            } else {
+                ctx.count_created_buffer();
+                ChunkStorage::Buffer(ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(&label),
+                    size: (words * 4) as u64,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_DST
+                        | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }))
+            };
+            chunks.push(WeightChunk { storage, first_row, rows: chunk_rows, _memory: memory });
+        }
+        Ok(QuantMatrix {
             name: name.to_string(),
             quant,
             rows,
             cols,
             row_words,
-            part_rows,
-            chunks: Vec::new(),
-        };
-        for first_row in (0..rows).step_by(rows_per_chunk) {
-            let chunk_rows = first_row..first_row + rows_per_chunk.min(rows - first_row);
-            let label = format!("{} rows {}..{}", matrix.name, chunk_rows.start, chunk_rows.end);
-            let memory = ctx.memory.reserve(&label, chunk_bytes(ctx, chunk_rows.len() * matrix.row_words))?;
-            let buffer = matrix.upload_chunk(ctx, chunk_rows.clone(), parts, row_bytes)?;
-            ctx.staged_upload(buffer.size());
-            let storage =
-                if textures { copy_to_texture(ctx, &label, &buffer)? } else { ChunkStorage::Buffer(buffer) };
-            matrix.chunks.push(WeightChunk { storage, first_row, rows: chunk_rows.len(), _memory: memory });
-        }
-        Ok(matrix)
+            part_rows: part_rows.to_vec(),
+            chunks,
+        })
     }
 
-    /// One buffer holding `rows` of the stacked `parts` in the GPU layout, written while mapped
-    /// at creation (no staging copy).
-    fn upload_chunk(
-        &self,
-        ctx: &GpuContext,
-        rows: Range<usize>,
-        parts: &[&[u8]],
-        row_bytes: usize,
-    ) -> Result<wgpu::Buffer> {
-        let gpu_row_bytes = self.row_words * 4;
-        ctx.count_created_buffer();
-        let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some(&format!("{} rows {}..{}", self.name, rows.start, rows.end)),
-            size: (rows.len() * gpu_row_bytes) as u64,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: true,
-        });
-        {
-            let mut view = buffer
-                .get_mapped_range_mut(..)
-                .map_err(|e| Error::Gpu(format!("mapping '{}': {e}", self.name)))?;
-            // The chunk's rows, as runs of consecutive rows within one part.
-            let mut written = 0;
-            let mut part_start = 0;
-            let mut repacked = vec![0u8; gpu_row_bytes];
-            let fields = self.quant.gpu().moved_fields;
-            let body = body_ranges(self.quant.block_bytes(), fields);
-            for (part, &part_rows) in parts.iter().zip(&self.part_rows) {
-                let run = rows.start.max(part_start)..rows.end.min(part_start + part_rows);
-                if !run.is_empty() {
-                    let src = &part[(run.start - part_start) * row_bytes..(run.end - part_start) * row_bytes];
-                    let at = written * gpu_row_bytes;
-                    if fields.is_empty() && row_bytes == gpu_row_bytes {
-                        view.slice(at..at + src.len()).copy_from_slice(src);
-                    } else {
-                        for (i, src_row) in src.chunks_exact(row_bytes).enumerate() {
-                            repack_row(self.quant, fields, &body, src_row, &mut repacked);
-                            let row_at = at + i * gpu_row_bytes;
-                            view.slice(row_at..row_at + gpu_row_bytes).copy_from_slice(&repacked);
-                        }
-                    }
-                    written += run.len();
-                }
-                part_start += part_rows;
-            }
+    /// What writes the rows of stacked part `part` (0 for an unstacked matrix).
+    ///
+    /// # Panics
+    /// If the matrix has no such part.
+    pub(crate) fn part_writer(&self, part: usize) -> PartWriter {
+        let first_row: usize = self.part_rows[..part].iter().sum();
+        let rows = first_row..first_row + self.part_rows[part];
+        let chunks = self
+            .chunks
+            .iter()
+            .filter(|chunk| chunk.first_row < rows.end && rows.start < chunk.first_row + chunk.rows)
+            .map(|chunk| {
+                let storage = match &chunk.storage {
+                    ChunkStorage::Buffer(buffer) => ChunkTarget::Buffer(buffer.clone()),
+                    ChunkStorage::Texture(view) => ChunkTarget::Texture(view.texture().clone()),
+                };
+                (storage, chunk.first_row..chunk.first_row + chunk.rows)
+            })
+            .collect();
+        PartWriter {
+            name: self.name.clone(),
+            quant: self.quant,
+            cols: self.cols,
+            row_words: self.row_words,
+            rows,
+            chunks,
         }
-        buffer.unmap();
-        Ok(buffer)
     }
 
     /// The tensor's name (for error messages).
@@ -405,21 +414,153 @@ impl QuantMatrix {
     }
 }
 
+/// Writes one stacked part of a [`QuantMatrix`] (or a whole unstacked one) from its GGUF bytes,
+/// repacked into the GPU layout, through the queue: made by [`QuantMatrix::part_writer`] so
+/// that the bytes can come after the matrix was built.
+pub(crate) struct PartWriter {
+    name: String,
+    quant: QuantType,
+    cols: usize,
+    row_words: usize,
+    /// The part's rows in the whole matrix.
+    rows: Range<usize>,
+    /// The chunks holding some of those rows, and the rows of the whole matrix each holds.
+    chunks: Vec<(ChunkTarget, Range<usize>)>,
+}
+
+/// A chunk's buffer or texture, to write into.
+enum ChunkTarget {
+    Buffer(wgpu::Buffer),
+    Texture(wgpu::Texture),
+}
+
+/// Rows written in one piece at most: the queue's staging memory is flushed after each.
+const WRITE_PIECE_BYTES: usize = 16 << 20;
+
+impl PartWriter {
+    /// Writes the part's rows from `bytes`, their GGUF bytes in `quant`: the matrix's own type,
+    /// or one that widens to it exactly (see [`widen_to_q8_0`]).
+    ///
+    /// [`widen_to_q8_0`]: crate::quant::widen_to_q8_0
+    pub fn write(&self, ctx: &GpuContext, quant: QuantType, bytes: &[u8]) -> Result<()> {
+        let rows = quant.row_bytes(self.cols).map_or(0, |row_bytes| bytes.len() / row_bytes.max(1));
+        if rows != self.rows.len() {
+            return Err(shape_error(format!(
+                "weight '{}': {} bytes were given for {} rows of {} {quant} weights",
+                self.name,
+                bytes.len(),
+                self.rows.len(),
+                self.cols
+            )));
+        }
+        self.write_rows(ctx, quant, 0, bytes)
+    }
+
+    /// Writes rows `first..` of the part from `bytes`, whole rows of GGUF bytes in `quant` (as
+    /// [`PartWriter::write`]): a large tensor comes in pieces.
+    pub fn write_rows(&self, ctx: &GpuContext, quant: QuantType, first: usize, bytes: &[u8]) -> Result<()> {
+        let widened;
+        let bytes = if quant == self.quant {
+            bytes
+        } else {
+            widened = crate::quant::widen_to_q8_0(quant, bytes)
+                .filter(|_| self.quant == QuantType::Q8_0)
+                .ok_or_else(|| {
+                    shape_error(format!(
+                        "weight '{}': {quant} rows do not re-encode as {}",
+                        self.name, self.quant
+                    ))
+                })?;
+            &widened
+        };
+        let row_bytes = QuantMatrix::row_bytes(&self.name, self.quant, self.cols)?;
+        let count = bytes.len() / row_bytes;
+        if !bytes.len().is_multiple_of(row_bytes) || first + count > self.rows.len() {
+            return Err(shape_error(format!(
+                "weight '{}': {} bytes from row {first} are not whole rows of {} {} weights \
+                 ({row_bytes} bytes each) within its {} rows",
+                self.name,
+                bytes.len(),
+                self.cols,
+                self.quant,
+                self.rows.len()
+            )));
+        }
+        let written = self.rows.start + first..self.rows.start + first + count;
+        let gpu_row_bytes = self.row_words * 4;
+        let fields = self.quant.gpu().moved_fields;
+        let body = body_ranges(self.quant.block_bytes(), fields);
+        let piece_rows = (WRITE_PIECE_BYTES / gpu_row_bytes).max(1);
+        let mut repacked = Vec::new();
+        for (target, chunk_rows) in &self.chunks {
+            let run = written.start.max(chunk_rows.start)..written.end.min(chunk_rows.end);
+            for first in run.clone().step_by(piece_rows) {
+                let rows = first..(first + piece_rows).min(run.end);
+                let src =
+                    &bytes[(rows.start - written.start) * row_bytes..(rows.end - written.start) * row_bytes];
+                let gpu_bytes: &[u8] = if fields.is_empty() && row_bytes == gpu_row_bytes {
+                    src
+                } else {
+                    repacked.resize(rows.len() * gpu_row_bytes, 0);
+                    for (src_row, out) in
+                        src.chunks_exact(row_bytes).zip(repacked.chunks_exact_mut(gpu_row_bytes))
+                    {
+                        repack_row(self.quant, fields, &body, src_row, out);
+                    }
+                    &repacked
+                };
+                let at = ((rows.start - chunk_rows.start) * gpu_row_bytes) as u64;
+                match target {
+                    ChunkTarget::Buffer(buffer) => ctx.queue().write_buffer(buffer, at, gpu_bytes),
+                    ChunkTarget::Texture(texture) => write_texture_words(ctx, texture, at, gpu_bytes),
+                }
+                ctx.staged_upload(gpu_bytes.len() as u64);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes `bytes` (whole texels) into a [`words_texture`] from its byte `at` on: the rest of
+/// the first texture row, whole rows, then the start of the last.
+fn write_texture_words(ctx: &GpuContext, texture: &wgpu::Texture, at: u64, bytes: &[u8]) {
+    let width = u64::from(TEXTURE_WIDTH);
+    let mut texel = at / 16;
+    let mut data = bytes;
+    while !data.is_empty() {
+        let (x, y) = ((texel % width) as u32, (texel / width) as u32);
+        let texels = data.len() as u64 / 16;
+        // From the row's start, whole rows at once; otherwise up to the row's end.
+        let (columns, rows) = if x == 0 && texels >= width {
+            (TEXTURE_WIDTH, (texels / width) as u32)
+        } else {
+            ((texels.min(width - u64::from(x))) as u32, 1)
+        };
+        let len = u64::from(columns) * u64::from(rows) * 16;
+        ctx.queue().write_texture(
+            wgpu::TexelCopyTextureInfo {
+                texture,
+                mip_level: 0,
+                origin: wgpu::Origin3d { x, y, z: 0 },
+                aspect: wgpu::TextureAspect::All,
+            },
+            &data[..len as usize],
+            wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(columns * 16),
+                rows_per_image: None,
+            },
+            wgpu::Extent3d { width: columns, height: rows, depth_or_array_layers: 1 },
+        );
+        texel += len / 16;
+        data = &data[len as usize..];
+    }
+}
+
 /// The texture that holds `words` words, four a texel, [`TEXTURE_WIDTH`] texels a row.
 fn texture_size(words: usize) -> wgpu::Extent3d {
     let texels = words.div_ceil(4) as u32;
     wgpu::Extent3d { width: TEXTURE_WIDTH, height: texels.div_ceil(TEXTURE_WIDTH), depth_or_array_layers: 1 }
-}
-
-/// A texture holding the words of `buffer` (see the module comment), filled by a copy on the
-/// GPU; the buffer can be dropped once the copy is submitted.
-fn copy_to_texture(ctx: &GpuContext, label: &str, buffer: &wgpu::Buffer) -> Result<ChunkStorage> {
-    let texture = words_texture(ctx, label, (buffer.size() / 4) as usize);
-    let mut encoder = ctx.encoder("flint weight texture");
-    record_copy_to_texture(encoder.raw(), buffer, buffer.size(), &texture);
-    ctx.submit(encoder).map_err(|e| Error::Gpu(format!("copying '{label}' into a texture: {e}")))?;
-    let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-    Ok(ChunkStorage::Texture(view))
 }
 
 /// An `rgba32uint` texture [`TEXTURE_WIDTH`] texels wide that holds `words` words, four a texel,

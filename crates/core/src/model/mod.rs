@@ -47,6 +47,7 @@ use std::sync::Arc;
 pub use batch::{GpuTokens, LogitRows, SequenceChunk};
 pub use config::{Architecture, ModelConfig, RopeSettings, SlidingWindowLayers};
 pub use plan::{MemoryPlan, MemorySource, PlanRequest};
+pub use weights::{WeightUpload, tensors_read_first};
 
 use crate::gguf::GgufFile;
 use crate::gpu::{BindGroupCache, Encoder, GpuContext, Tensor};
@@ -75,17 +76,25 @@ impl Model {
     /// Reads `file`'s hyper-parameters and uploads its weights. An error names what is missing,
     /// malformed or unsupported: the architecture, a metadata key, a tensor or its type.
     pub fn load(ctx: Arc<GpuContext>, file: &GgufFile) -> Result<Self> {
+        let mut upload = Model::begin_load(ctx, file)?;
+        upload.write_from(file)?;
+        upload.finish()
+    }
+
+    /// Reads `file`'s hyper-parameters and vectors ([`tensors_read_first`]) and allocates its
+    /// matrices; the [`WeightUpload`] then writes them as their bytes come. `file` may be
+    /// opened from its header ([`GgufFile::from_header`]) with only the vectors' bytes.
+    pub fn begin_load(ctx: Arc<GpuContext>, file: &GgufFile) -> Result<WeightUpload> {
         let config = ModelConfig::from_gguf(file)?;
-        let weights = weights::WeightLoader { ctx: &ctx, file, arch: config.architecture.name() };
+        let weights = weights::WeightLoader::new(&ctx, file, config.architecture.name());
         let network = match config.architecture {
             Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => {
                 Network::Llama(llama::Llama::load(&weights, &config)?)
             }
             Architecture::Gemma3 => Network::Gemma3(gemma3::Gemma3::load(&weights, &config)?),
         };
-        // Uploads are queued: surface an out-of-memory or validation error now, not at the first step.
-        ctx.check_errors()?;
-        Ok(Model { ctx, config, network, bind_groups: Arc::default() })
+        let model = Model { ctx: ctx.clone(), config, network, bind_groups: Arc::default() };
+        Ok(weights.into_upload(model))
     }
 
     /// The model's hyper-parameters.

@@ -491,3 +491,72 @@ fn unsupported_or_broken_models_are_errors_that_say_what_is_wrong() {
     });
     assert!(error.contains("'yarn' is not supported"), "{error}");
 }
+
+/// The model a browser builds: the header from the file's first bytes, the vectors handed in,
+/// then the matrices written in pieces of at most `max_piece` bytes, in the order the upload
+/// asks for them.
+fn load_in_pieces(bytes: &[u8], max_piece: usize) -> Model {
+    let whole = GgufFile::from_bytes(bytes.to_vec()).unwrap();
+    let mut header =
+        GgufFile::from_header(&bytes[..whole.data_offset()], bytes.len() as u64).unwrap().unwrap();
+    for tensor in crate::model::tensors_read_first(&whole) {
+        header.insert_tensor_bytes(tensor.name(), whole.tensor_bytes(tensor).unwrap().to_vec()).unwrap();
+    }
+    let mut upload = Model::begin_load(gpu(), &header).unwrap();
+    let mut last_end = 0;
+    while let Some(piece) = upload.next_piece(max_piece) {
+        assert!(piece.start >= last_end, "pieces come in the file's order");
+        last_end = piece.end;
+        upload.write_next(&bytes[piece.start as usize..piece.end as usize]).unwrap();
+    }
+    upload.finish().unwrap()
+}
+
+#[test]
+fn a_model_written_piece_by_piece_from_its_header_computes_as_one_loaded_whole() {
+    let qwen3 = Tiny { arch: Architecture::Qwen3, head_dim: 24, rope_dims: 24, f16_weights: true, ..LLAMA };
+    for tiny in [LLAMA, qwen3] {
+        let mut rng = Rng::new(&format!("pieces {}", tiny.arch.name()));
+        let bytes = gguf_bytes(&metadata(&tiny), &random_weights(&tiny, &mut rng));
+        let whole = Model::load(gpu(), &GgufFile::from_bytes(bytes.clone()).unwrap()).unwrap();
+        let tokens: Vec<u32> = (0..7).map(|_| rng.usize(0, tiny.vocab) as u32).collect();
+        let logits = |model: &Model| {
+            let mut cache = model.new_kv_cache(Some(tokens.len())).unwrap();
+            let mut table = cache.new_sequence();
+            cache.append(&mut table, tokens.len()).unwrap();
+            let chunk =
+                SequenceChunk { table: &table, tokens: &tokens, first_position: 0, logits: LogitRows::All };
+            let logits = model.forward(&cache, &[chunk]).unwrap();
+            let rows: Vec<Vec<f64>> = pollster::block_on(logits.to_f32(&gpu()))
+                .unwrap()
+                .chunks(tiny.vocab)
+                .map(|row| row.iter().map(|&v| f64::from(v)).collect())
+                .collect();
+            rows
+        };
+        let expected = logits(&whole);
+        let all: Vec<usize> = (0..tokens.len()).collect();
+        // One row at a time, a few rows, whole tensors.
+        for max_piece in [1, 300, usize::MAX] {
+            let got: Vec<f32> =
+                logits(&load_in_pieces(&bytes, max_piece)).concat().iter().map(|&v| v as f32).collect();
+            compare(&format!("pieces of {max_piece} bytes"), &tiny, &got, &expected, &all);
+        }
+    }
+}
+
+#[test]
+fn an_upload_refuses_bytes_that_are_not_the_next_rows_and_cannot_finish_early() {
+    let mut rng = Rng::new("upload errors");
+    let bytes = gguf_bytes(&metadata(&LLAMA), &random_weights(&LLAMA, &mut rng));
+    let file = GgufFile::from_bytes(bytes.clone()).unwrap();
+    let mut upload = Model::begin_load(gpu(), &file).unwrap();
+    let first = upload.next_tensor().unwrap().clone();
+    let error = upload.write_next(&[0; 3]).unwrap_err().to_string();
+    assert!(error.contains(first.name()) && error.contains("3 bytes"), "{error}");
+    let piece = upload.next_piece(1).unwrap();
+    assert_eq!(piece.end - piece.start, first.row_bytes() as u64);
+    upload.write_next(&bytes[piece.start as usize..piece.end as usize]).unwrap();
+    let error = upload.finish().err().unwrap().to_string();
+    assert!(error.contains(first.name()) && error.contains("never written"), "{error}");
+}

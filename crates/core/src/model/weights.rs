@@ -1,20 +1,44 @@
 //! Uploading a model's tensors by name, each checked against the shape its config implies.
+//!
+//! A model is built in two steps, so that its bytes can stream in (the browser reads files
+//! larger than its memory tensor by tensor): building it reads the vectors (norm weights,
+//! biases: [`tensors_read_first`]) and allocates every matrix, then each matrix's tensor is
+//! written in the file's order ([`WeightUpload`]).
 
-use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::ops::Range;
 
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::gpu::weight::PartWriter;
 use crate::gpu::{Encoder, GpuContext, QuantMatrix, Tensor};
 use crate::kernels::matmul::{MatmulInput, MatmulOutput, matmul};
-use crate::quant::{QuantType, dequantize_row, widen_to_q8_0};
+use crate::model::Model;
+use crate::quant::{QuantType, dequantize_row};
 use crate::{Error, Result};
 
-/// Finds tensors in a GGUF file and puts them on the GPU: matrices still quantized, vectors
-/// (norm weights, biases) as f32.
+/// The tensors a model reads while it is built, before any matrix is written: the vectors
+/// (one dimension), in the file's order. A file opened from its header
+/// ([`GgufFile::from_header`]) needs their bytes handed in first.
+pub fn tensors_read_first(file: &GgufFile) -> impl Iterator<Item = &TensorInfo> {
+    file.tensors().iter().filter(|tensor| tensor.shape().len() == 1)
+}
+
+/// Finds tensors in a GGUF file and puts them on the GPU: matrices still quantized (allocated
+/// now, written by the [`WeightUpload`] that follows), vectors (norm weights, biases) as f32.
 pub(crate) struct WeightLoader<'a> {
     pub ctx: &'a GpuContext,
     pub file: &'a GgufFile,
     /// The architecture's name, for "a {arch} model needs it" in errors.
     pub arch: &'static str,
+    /// The matrices' tensors, still to be written.
+    writes: RefCell<Vec<TensorWrite>>,
+}
+
+/// A tensor still to be written into (a part of) a matrix.
+struct TensorWrite {
+    tensor: TensorInfo,
+    writer: PartWriter,
 }
 
 fn tensor_error(name: &str, reason: String) -> Error {
@@ -32,8 +56,23 @@ fn check_shape(info: &TensorInfo, expected: &[usize]) -> Result<()> {
     ))
 }
 
-impl WeightLoader<'_> {
-    fn info(&self, name: &str) -> Result<&TensorInfo> {
+impl<'a> WeightLoader<'a> {
+    pub fn new(ctx: &'a GpuContext, file: &'a GgufFile, arch: &'static str) -> Self {
+        WeightLoader { ctx, file, arch, writes: RefCell::default() }
+    }
+
+    /// The upload of `model`, built with this loader: the tensors its matrices still need.
+    pub fn into_upload(self, model: Model) -> WeightUpload {
+        let mut writes = self.writes.into_inner();
+        writes.sort_by_key(|write| write.tensor.file_offset());
+        WeightUpload { model, writes: writes.into(), rows_written: 0 }
+    }
+
+    fn defer(&self, tensor: &TensorInfo, writer: PartWriter) {
+        self.writes.borrow_mut().push(TensorWrite { tensor: tensor.clone(), writer });
+    }
+
+    fn info(&self, name: &str) -> Result<&'a TensorInfo> {
         self.file
             .tensor(name)
             .ok_or_else(|| tensor_error(name, format!("missing: a {} model needs it", self.arch)))
@@ -45,8 +84,8 @@ impl WeightLoader<'_> {
         let info = self.info(name)?;
         check_shape(info, &[cols, rows])?;
         let matrix =
-            QuantMatrix::upload(self.ctx, name, info.quant(), rows, cols, self.file.tensor_bytes(info))?;
-        self.file.release_pages(info);
+            QuantMatrix::allocate(self.ctx, name, info.quant(), cols, &[rows], self.ctx.max_binding_bytes())?;
+        self.defer(info, matrix.part_writer(0));
         Ok(matrix)
     }
 
@@ -74,22 +113,20 @@ impl WeightLoader<'_> {
         };
         let mut matrices = Vec::with_capacity(groups.len());
         for (quant, group) in groups {
-            let parts = group
-                .iter()
-                .map(|t| {
-                    let bytes = self.file.tensor_bytes(t);
-                    if t.quant() == quant {
-                        return Ok(Cow::Borrowed(bytes));
-                    }
-                    widen_to_q8_0(t.quant(), bytes).map(Cow::Owned).ok_or_else(|| {
-                        tensor_error(t.name(), format!("{} rows do not re-encode as {quant}", t.quant()))
-                    })
-                })
-                .collect::<Result<Vec<Cow<'_, [u8]>>>>()?;
             let name = group.iter().map(|t| t.name()).collect::<Vec<_>>().join(" + ");
-            let parts: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
-            matrices.push((QuantMatrix::upload_stacked(self.ctx, &name, quant, cols, &parts)?, group.len()));
-            group.iter().for_each(|info| self.file.release_pages(info));
+            let rows: Vec<usize> = group.iter().map(|t| t.rows()).collect();
+            let matrix =
+                QuantMatrix::allocate(self.ctx, &name, quant, cols, &rows, self.ctx.max_binding_bytes())?;
+            for (part, tensor) in group.iter().enumerate() {
+                if tensor.quant() != quant && quant != QuantType::Q8_0 {
+                    return Err(tensor_error(
+                        tensor.name(),
+                        format!("{} rows cannot be stacked as {quant}", tensor.quant()),
+                    ));
+                }
+                self.defer(tensor, matrix.part_writer(part));
+            }
+            matrices.push((matrix, group.len()));
         }
         Ok(Stacked { matrices })
     }
@@ -114,9 +151,100 @@ impl WeightLoader<'_> {
         let name = info.name();
         check_shape(info, &[len])?;
         let mut values = vec![0.0f32; len];
-        dequantize_row(info.quant(), self.file.tensor_bytes(info), &mut values)
+        dequantize_row(info.quant(), self.file.tensor_bytes(info)?, &mut values)
             .map_err(|e| tensor_error(name, e.to_string()))?;
         Ok(values)
+    }
+}
+
+/// A model whose matrices are allocated on its GPU but not written yet: each tensor is written
+/// as its bytes come, in the file's order ([`WeightUpload::next_tensor`]), and
+/// [`WeightUpload::finish`] gives the model once all are. Made by [`Model::begin_load`].
+pub struct WeightUpload {
+    model: Model,
+    /// The tensors still to write, in the file's order.
+    writes: VecDeque<TensorWrite>,
+    /// Rows of the first of `writes` already written.
+    rows_written: usize,
+}
+
+impl WeightUpload {
+    /// The tensor whose bytes come next, `None` once every tensor is written. Tensors the model
+    /// does not use are skipped.
+    pub fn next_tensor(&self) -> Option<&TensorInfo> {
+        self.writes.front().map(|write| &write.tensor)
+    }
+
+    /// The bytes of the file to write next: the next rows of [`WeightUpload::next_tensor`], at
+    /// most `max_bytes` of them (but at least one row); `None` once every tensor is written.
+    pub fn next_piece(&self, max_bytes: usize) -> Option<Range<u64>> {
+        let tensor = self.next_tensor()?;
+        let row_bytes = tensor.row_bytes();
+        let rows = (max_bytes / row_bytes).clamp(1, tensor.rows() - self.rows_written);
+        let start = tensor.file_offset() + (self.rows_written * row_bytes) as u64;
+        Some(start..start + (rows * row_bytes) as u64)
+    }
+
+    /// Bytes of the tensors still to write.
+    pub fn remaining_bytes(&self) -> u64 {
+        let written = self.next_tensor().map_or(0, |tensor| self.rows_written * tensor.row_bytes());
+        self.writes.iter().map(|write| write.tensor.bytes() as u64).sum::<u64>() - written as u64
+    }
+
+    /// Writes the bytes of [`WeightUpload::next_piece`] (any whole number of the next tensor's
+    /// rows that follow those written, up to its last row), read from the file; the next tensor
+    /// comes next once the last row of this one is written.
+    pub fn write_next(&mut self, bytes: &[u8]) -> Result<()> {
+        let write = self.writes.front().ok_or_else(|| Error::Gguf {
+            context: "the upload".into(),
+            reason: "every tensor is written".into(),
+        })?;
+        let (tensor, row_bytes) = (&write.tensor, write.tensor.row_bytes());
+        let rows_left = tensor.rows() - self.rows_written;
+        if bytes.is_empty() || !bytes.len().is_multiple_of(row_bytes) || bytes.len() / row_bytes > rows_left {
+            return Err(tensor_error(
+                tensor.name(),
+                format!(
+                    "{} bytes were read for its rows from {}, which are not whole rows of {row_bytes} bytes \
+                     among the {rows_left} left",
+                    bytes.len(),
+                    self.rows_written
+                ),
+            ));
+        }
+        write.writer.write_rows(&self.model.ctx, tensor.quant(), self.rows_written, bytes)?;
+        self.rows_written += bytes.len() / row_bytes;
+        if self.rows_written == tensor.rows() {
+            self.writes.pop_front();
+            self.rows_written = 0;
+        }
+        Ok(())
+    }
+
+    /// Writes every remaining tensor from `file`, which holds them all ([`WeightUpload::write_next_from`]).
+    pub fn write_from(&mut self, file: &GgufFile) -> Result<()> {
+        while self.write_next_from(file)? {}
+        Ok(())
+    }
+
+    /// Writes the rest of the next tensor from `file`, which holds it, letting a mapped file's
+    /// pages go once written ([`GgufFile::release_pages`]); `Ok(false)` when none was left.
+    pub fn write_next_from(&mut self, file: &GgufFile) -> Result<bool> {
+        let Some(tensor) = self.next_tensor().cloned() else { return Ok(false) };
+        let done = self.rows_written * tensor.row_bytes();
+        self.write_next(&file.tensor_bytes(&tensor)?[done..])?;
+        file.release_pages(&tensor);
+        Ok(true)
+    }
+
+    /// The model, once every tensor is written; an error names the first one that is not.
+    pub fn finish(self) -> Result<Model> {
+        if let Some(tensor) = self.next_tensor() {
+            return Err(tensor_error(tensor.name(), "was never written: the upload ended early".into()));
+        }
+        // Uploads are queued: surface an out-of-memory or validation error now, not at the first step.
+        self.model.ctx.check_errors()?;
+        Ok(self.model)
     }
 }
 
@@ -198,8 +326,16 @@ mod tests {
                 names.push((format!("p{i}"), r));
             }
             let file = GgufFile::from_bytes(writer.build().0).unwrap();
-            let loader = WeightLoader { ctx, file: &file, arch: "test" };
+            let loader = WeightLoader::new(ctx, &file, "test");
             let stacked = loader.stacked(&names, cols).unwrap();
+            let mut writes = loader.writes.into_inner();
+            writes.sort_by_key(|write| write.tensor.file_offset());
+            for write in writes {
+                write
+                    .writer
+                    .write(ctx, write.tensor.quant(), file.tensor_bytes(&write.tensor).unwrap())
+                    .unwrap();
+            }
             assert_eq!(stacked.matrices.len(), products, "{types:?}");
 
             let x = rng.f32s(batch * cols, -1.0, 1.0);

@@ -136,10 +136,14 @@ impl LoadProgress {
 
     fn stage(&self, stage: LoadStage) {
         let (done, what) = match stage {
-            LoadStage::ReadingFile => (0, "reading the file"),
-            LoadStage::OpeningGpu => (1, "opening the GPU"),
-            LoadStage::UploadingWeights => (2, "uploading the weights"),
-            _ => (3, "ready"),
+            LoadStage::ReadingFile => (0, "reading the file".to_string()),
+            LoadStage::OpeningGpu => (1, "opening the GPU".to_string()),
+            LoadStage::UploadingWeights => (2, "uploading the weights".to_string()),
+            LoadStage::WeightsUploaded { bytes, total } => {
+                let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+                (2, format!("uploading the weights: {:.0} of {:.0} MiB", mib(bytes), mib(total)))
+            }
+            _ => (3, "ready".to_string()),
         };
         self.bar.set_position(done);
         self.bar.set_message(what);
