@@ -4,15 +4,22 @@
 /** Loads the wasm module once (Engine.load does); pass where the .wasm file is if it is not beside pkg/flint_web.js. */
 export function init(moduleOrPath?: string | URL | Request | Response | BufferSource | WebAssembly.Module): Promise<unknown>;
 
-/** A model source: a URL to fetch, the file's bytes, or a Blob/File. */
+/** A model source: a URL to fetch, the file's bytes, or a Blob/File. The wasm side reads it a tensor at a time; the page never holds the whole file (a URL is downloaded into the Cache API or a Blob first). */
 export type ModelSource = string | URL | ArrayBuffer | ArrayBufferView | Blob;
 
-/** Called as a model's bytes arrive; `total` is null when unknown. */
-export type ProgressCallback = (loaded: number, total: number | null) => void;
+/** What a load is doing: 'download' while a URL's bytes arrive (only when they are not in the browser's cache), then 'upload' while the model's tensors are read and uploaded to the GPU. */
+export type LoadStage = 'download' | 'upload';
+
+/**
+ * Called as a model loads. Each stage counts bytes from 0 to its own `total` and ends with a call where `loaded === total`;
+ * `total` is null while a download's size is unknown (the server did not say, or the response is compressed).
+ * A single bar: show `loaded / total` and name the stage, or give 'download' the first part of the bar when there is one.
+ */
+export type ProgressCallback = (loaded: number, total: number | null, stage: LoadStage) => void;
 
 export interface LoadOptions {
   onProgress?: ProgressCallback;
-  /** Keep a model loaded from a URL in the browser's Cache API, and read it from there next time (true). */
+  /** Download a model from a URL into the browser's Cache API and read it from there, now and next time (true); false downloads it into a temporary file of the origin's private file system (a Blob where there is none), deleted once loaded. */
   cache?: boolean;
   /** The model's name in responses; by default the file's general.name. */
   model?: string;
@@ -230,7 +237,7 @@ export interface WorkerLoadOptions extends LoadOptions {
 /** The Engine API from the page while the engine runs in a Web Worker (worker.js). */
 export class WorkerEngine {
   private constructor();
-  /** Starts a worker and loads the model there; a URL is fetched in the worker, an ArrayBuffer is transferred. */
+  /** Starts a worker and loads the model there; a URL is fetched in the worker, a Blob/File is handed over without copying its bytes, an ArrayBuffer is transferred, a typed array is copied into a Blob. */
   static load(source: ModelSource, options?: WorkerLoadOptions): Promise<WorkerEngine>;
   info(): Promise<EngineInfo>;
   metrics(): Promise<EngineMetrics>;
@@ -247,4 +254,5 @@ export function cachedModels(): Promise<string[]>;
 export function deleteCachedModel(url: string | URL): Promise<boolean>;
 
 export function gpuInfo(probeBytes?: number): Promise<Record<string, unknown>>;
-export function inspectGguf(source: ModelSource, options?: { onProgress?: ProgressCallback }): Promise<Record<string, unknown>>;
+/** A GGUF file's summary from its header; a URL is downloaded whole first, into the Cache API unless `cache` is false. */
+export function inspectGguf(source: ModelSource, options?: { onProgress?: ProgressCallback; cache?: boolean }): Promise<Record<string, unknown>>;

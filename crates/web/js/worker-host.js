@@ -25,8 +25,11 @@ export class WorkerEngine {
 
   /**
    * Starts a worker and loads a model in it. `source` is a URL (fetched in the worker, relative
-   * to the page), an ArrayBuffer (transferred: it is detached here afterwards), a typed array
-   * or a Blob. `options.worker` is a Worker to use instead of a new one on worker.js.
+   * to the page), a Blob or File (the worker gets a handle, not a copy of its bytes), an
+   * ArrayBuffer (transferred: it is detached here afterwards) or a typed array (copied into a
+   * Blob, since cloning it would copy its whole buffer into the worker). `onProgress` gets the
+   * calls of `Engine.load`'s, stage included. `options.worker` is a Worker to use instead of a
+   * new one on worker.js.
    */
   static async load(source, options = {}) {
     const { onProgress, worker, ...engineOptions } = options ?? {};
@@ -36,6 +39,8 @@ export class WorkerEngine {
       source = new URL(source, globalThis.location?.href).href;
     } else if (source instanceof ArrayBuffer) {
       transfer = [source];
+    } else if (ArrayBuffer.isView(source)) {
+      source = new Blob([source]);
     }
     try {
       await engine.#call({ op: 'load', source, options: engineOptions }, { transfer, onProgress });
@@ -95,7 +100,7 @@ export class WorkerEngine {
       this.#pending.set(id, (reply) => {
         switch (reply.type) {
           case 'progress':
-            onProgress?.(reply.loaded, reply.total);
+            onProgress?.(reply.loaded, reply.total, reply.stage);
             break;
           case 'item':
             onItem?.(reply.value);

@@ -2,11 +2,12 @@
 // page's main thread, and answers the page's messages.
 //
 // The protocol: the page sends `{id, op, ...}`; this side answers with messages carrying the
-// same `id`: `{id, type: 'progress', loaded, total}` while a model loads, `{id, type: 'item',
-// value}` for each item of a stream, then `{id, type: 'result', value}` (the whole answer, or
-// `undefined` at a stream's end) or `{id, type: 'error', message}`. `{op: 'abort', target}`
-// aborts request `target` (it still ends with its last item, finish_reason abort); `{op:
-// 'close', target}` stops its stream (the page's loop broke off), which aborts it too.
+// same `id`: `{id, type: 'progress', loaded, total, stage}` while a model loads (the arguments
+// of `Engine.load`'s `onProgress`), `{id, type: 'item', value}` for each item of a stream, then
+// `{id, type: 'result', value}` (the whole answer, or `undefined` at a stream's end) or `{id,
+// type: 'error', message}`. `{op: 'abort', target}` aborts request `target` (it still ends with
+// its last item, finish_reason abort); `{op: 'close', target}` stops its stream (the page's loop
+// broke off), which aborts it too.
 
 import { Engine } from './flint.js';
 
@@ -23,7 +24,7 @@ self.onmessage = async ({ data }) => {
       case 'load': {
         engine?.unload();
         engine = null;
-        const onProgress = (loaded, total) => send({ id, type: 'progress', loaded, total });
+        const onProgress = (loaded, total, stage) => send({ id, type: 'progress', loaded, total, stage });
         engine = await Engine.load(data.source, { ...data.options, onProgress });
         send({ id, type: 'result', value: engine.info() });
         break;

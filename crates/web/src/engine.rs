@@ -2,8 +2,9 @@
 //! on the page's (or the worker's) event loop, and requests as [`OutputStream`]s.
 //!
 //! Everything crosses the boundary as JSON text: the JS wrapper (`js/flint.js`) turns it into
-//! objects, async iterators and promises, adds loading from a URL or a `Blob`, and connects
-//! `AbortSignal`s to [`OutputStream::abort`].
+//! objects, async iterators and promises, opens a URL, `Blob` or buffer as a [`ModelSource`]
+//! the model is read from piece by piece, and connects `AbortSignal`s to
+//! [`OutputStream::abort`].
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -11,7 +12,6 @@ use std::rc::Rc;
 
 use flint_core::chat::ChatMessage;
 use flint_core::engine::{EngineOptions, GenerateOutput, GenerationStream, LoadedModel};
-use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::openai::{Endpoint, OpenAiRequest, Responder, Usage};
 use futures::StreamExt;
@@ -22,6 +22,7 @@ use wasm_bindgen::prelude::*;
 use crate::error::{Error, Result, from_json};
 use crate::openai;
 use crate::params::generate_request;
+use crate::source::ModelSource;
 
 /// How to load a model: the engine's batching and cache options, in the JS wrapper's names.
 #[derive(Default, Deserialize)]
@@ -56,11 +57,17 @@ struct Loaded {
 
 #[wasm_bindgen]
 impl Engine {
-    /// Loads a GGUF model from its bytes onto the browser's WebGPU device and starts the
-    /// engine's step loop. `options` is a JSON object (see `LoadOptions`) or `null`.
-    pub async fn load(bytes: Vec<u8>, options: String) -> Result<Engine, JsError> {
+    /// Loads a GGUF model from `source` (see [`ModelSource`]) onto the browser's WebGPU device,
+    /// tensor by tensor, and starts the engine's step loop. `options` is a JSON object (see
+    /// `LoadOptions`) or `null`; `on_progress(loaded, total)`, when given, is called with the
+    /// file's bytes read and uploaded so far and its size.
+    pub async fn load(
+        source: ModelSource,
+        options: String,
+        on_progress: Option<js_sys::Function>,
+    ) -> Result<Engine, JsError> {
         crate::install_panic_hook();
-        Ok(Engine::load_inner(bytes, &options).await?)
+        Ok(Engine::load_inner(&source, &options, on_progress).await?)
     }
 
     /// What is loaded, as JSON: the model's name, architecture and context, and the device.
@@ -125,10 +132,14 @@ impl Engine {
 }
 
 impl Engine {
-    async fn load_inner(bytes: Vec<u8>, options: &str) -> Result<Engine> {
+    async fn load_inner(
+        source: &ModelSource,
+        options: &str,
+        on_progress: Option<js_sys::Function>,
+    ) -> Result<Engine> {
         let options: Option<LoadOptions> = from_json(options, "options")?;
         let options = options.unwrap_or_default();
-        let file = GgufFile::from_bytes(bytes)?;
+        let file = source.open().await?;
         let ctx = GpuContext::new(&GpuOptions::default()).await?;
         let defaults = EngineOptions::default();
         let engine_options = EngineOptions {
@@ -140,7 +151,15 @@ impl Engine {
             // The core has no entropy of its own in the browser.
             seed: options.seed.unwrap_or_else(|| (js_sys::Math::random() * 2f64.powi(53)) as u64),
         };
-        let (model, step_loop) = LoadedModel::load(ctx.clone(), &file, engine_options, "the model")?;
+        let mut upload = LoadedModel::begin_load(ctx.clone(), &file, engine_options, "the model")?;
+        let progress = |loaded: u64, total: u64| {
+            if let Some(callback) = &on_progress {
+                // A throwing callback does not stop the load.
+                let _ = callback.call2(&JsValue::NULL, &(loaded as f64).into(), &(total as f64).into());
+            }
+        };
+        source.upload(&ctx, &mut upload, progress).await?;
+        let (model, step_loop) = upload.finish()?;
         wasm_bindgen_futures::spawn_local(step_loop.run());
 
         let name = match options.model {

@@ -16,6 +16,9 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The model's bytes could not be read from its source (a failed download, a file gone).
+    #[error("cannot read the model: {0}")]
+    Source(String),
     /// The model was unloaded (or failed to load): no request can reach it.
     #[error("the engine was unloaded: load the model again")]
     Unloaded,

@@ -4,20 +4,22 @@
 //! through the browser's WebGPU callbacks, and the engine's step loop runs as a task of the
 //! page's (or the worker's) event loop (`wasm_bindgen_futures::spawn_local`). The classes here
 //! speak JSON text; the npm package's wrapper (`js/flint.js`) gives them the JS API of
-//! ARCHITECTURE.md ("The web package"): `Engine.load(url | ArrayBuffer | Blob)`, `generate`, `stream`,
-//! `chat.completions.create`, `AbortSignal`s.
+//! ARCHITECTURE.md ("The web package"): `Engine.load(url | ArrayBuffer | Blob)` (read piece by
+//! piece, never whole: `source.rs`), `generate`, `stream`, `chat.completions.create`,
+//! `AbortSignal`s.
 
 mod engine;
 mod error;
 mod openai;
 mod params;
+mod source;
 
-use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use wasm_bindgen::prelude::*;
 
 pub use engine::{Engine, OutputStream};
 pub use error::{Error, Result};
+pub use source::ModelSource;
 
 /// Opens the browser's WebGPU adapter and returns a JSON string describing it (adapter,
 /// backend, optional features, limits) and its memory bandwidth as flint's probe kernels
@@ -39,12 +41,12 @@ pub async fn gpu_info(probe_bytes: u32) -> Result<String, JsError> {
     Ok(report.to_string())
 }
 
-/// Parses a GGUF file's bytes (e.g. `new Uint8Array(await file.arrayBuffer())`) and returns a
-/// JSON string of its summary: architecture, hyper-parameters, tokenizer, tensors by type, size.
-/// A malformed file gives an `Error` whose message says what is wrong.
+/// Reads a GGUF file's header from `source` (see [`ModelSource`]) and returns a JSON string of
+/// its summary: architecture, hyper-parameters, tokenizer, tensors by type, size. A malformed
+/// file gives an `Error` whose message says what is wrong.
 #[wasm_bindgen(js_name = inspectGguf)]
-pub fn inspect_gguf(bytes: Vec<u8>) -> Result<String, JsError> {
-    let summary = GgufFile::from_bytes(bytes).and_then(|file| file.summary()).map_err(Error::from)?;
+pub async fn inspect_gguf(source: ModelSource) -> Result<String, JsError> {
+    let summary = source.open().await?.summary().map_err(Error::from)?;
     Ok(serde_json::to_string(&summary).map_err(Error::from)?)
 }
 

@@ -4,15 +4,17 @@
 // scripts/test-web.sh, which builds the package and the native `flint` first.
 //
 // Checks: the WebGPU adapter comes up; the `npm pack` tarball installs in a separate project,
-// its `exports` resolve and its module runs in the page; a model loads from a URL with progress; greedy output
-// for llama.cpp's reference prompts equals native flint's token for token; streamed items
-// concatenate to the non-streamed output; the OpenAI chat shapes (whole and streamed); output
-// constrained by a JSON Schema (`response_format`); a bad parameter is an Error naming it and
-// the engine keeps working; an AbortSignal ends a request with finish_reason abort, frees its
-// KV blocks, and the next request still works; loading
-// from a Blob and an ArrayBuffer; a second load of a URL from the Cache API without a request;
-// the same API with the engine in a Web Worker; the demo page answers (its screenshot is saved
-// in FLINT_WEB_ARTIFACTS); unload.
+// its `exports` resolve and its module runs in the page; a model loads from a URL with progress
+// by stage (download, then upload); greedy output for llama.cpp's reference prompts equals
+// native flint's token for token; streamed items concatenate to the non-streamed output; the
+// OpenAI chat shapes (whole and streamed); output constrained by a JSON Schema
+// (`response_format`); a bad parameter is an Error naming it and the engine keeps working; an
+// AbortSignal ends a request with finish_reason abort, frees its KV blocks, and the next
+// request still works; loading from a Blob, an ArrayBuffer and a URL without the cache;
+// inspectGguf; a missing URL or a file that is not GGUF is an Error; a second load of a URL
+// from the Cache API without a request; the same API with the engine in a Web Worker; the demo
+// page answers (its screenshot is saved in FLINT_WEB_ARTIFACTS); unload. A model larger than
+// the page should hold: large-model.test.mjs.
 //
 // Environment: FLINT_BIN (the native `flint`, default target/debug/flint), FLINT_MODEL_DIR,
 // FLINT_REFERENCE_DIR (as the Rust end-to-end tests read them), FLINT_WEB_TOKENS (tokens per
@@ -100,6 +102,26 @@ async function test(name, body) {
 /** Runs `body` in the page (where `window.flint` is the package and `window.engine` the engine). */
 const inPage = (body, arg) => page.evaluate(body, arg);
 
+/**
+ * A load's progress calls (`[loaded, total, stage]`) by stage, checked against the contract of
+ * `onProgress`: the stages are `expected` in that order, each counts up and ends at its total.
+ */
+function progressStages(calls, expected) {
+  const stages = {};
+  for (const [loaded, total, stage] of calls) {
+    (stages[stage] ??= []).push([loaded, total]);
+  }
+  assert.deepEqual(Object.keys(stages), expected, 'the stages of the progress calls');
+  const order = calls.map(([, , stage]) => expected.indexOf(stage));
+  assert.ok(order.every((stage, i) => i === 0 || stage >= order[i - 1]), 'a stage came back after the next began');
+  for (const [stage, stageCalls] of Object.entries(stages)) {
+    assert.ok(stageCalls.every(([loaded], i) => i === 0 || loaded >= stageCalls[i - 1][0]), `${stage} progress went backwards`);
+    const [loaded, total] = stageCalls.at(-1);
+    assert.equal(loaded, total, `the ${stage} stage ended at ${loaded} of ${total}`);
+  }
+  return stages;
+}
+
 try {
   await page.goto(`${origin}/tests/page.html`);
   await page.waitForFunction(() => window.flint !== undefined, null, { timeout: 30_000 });
@@ -127,16 +149,19 @@ try {
       const progress = [];
       window.engine = await window.flint.Engine.load('/model.gguf', {
         kvCacheTokens: 1024,
-        onProgress: (loaded, total) => progress.push([loaded, total]),
+        onProgress: (loaded, total, stage) => progress.push([loaded, total, stage]),
       });
       return { progress, info: window.engine.info() };
     });
     const size = statSync(modelPath).size;
-    assert.ok(progress.length > 2, `onProgress was called ${progress.length} times`);
-    assert.deepEqual(progress.at(-1), [size, size]);
-    assert.ok(progress.every(([loaded], i) => i === 0 || loaded >= progress[i - 1][0]), 'progress went backwards');
+    const { download, upload } = progressStages(progress, ['download', 'upload']);
+    assert.ok(download.length > 2, `the download stage had ${download.length} calls`);
+    assert.deepEqual(download[0], [0, size]);
+    assert.deepEqual(download.at(-1), [size, size]);
+    assert.ok(upload.length > 2, `the upload stage had ${upload.length} calls`);
+    assert.ok(upload.at(-1)[1] <= size, `${upload.at(-1)[1]} bytes uploaded of a ${size}-byte file`);
     assert.equal(info.device.backend, 'BrowserWebGpu');
-    return `${info.model} (${info.architecture}) on ${info.device.adapter || 'the browser adapter'}, ${progress.length} progress calls`;
+    return `${info.model} (${info.architecture}) on ${info.device.adapter || 'the browser adapter'}, ${download.length} download and ${upload.length} upload progress calls`;
   });
 
   const greedy = [];
@@ -238,14 +263,7 @@ try {
   await test('a bad parameter is an Error naming it, and the engine keeps working', async () => {
     const results = await inPage(async () => {
       const engine = window.engine;
-      const error = async (call) => {
-        try {
-          await call();
-          return 'no error';
-        } catch (error) {
-          return `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
-        }
-      };
+      const error = window.errorOf;
       return {
         temperature: await error(() => engine.generate('Hi', { temperature: -1 })),
         topP: await error(async () => {
@@ -302,32 +320,49 @@ try {
     return `stream aborted after ${result.items.length} items, generate after ${result.whole.output_ids.length} tokens`;
   });
 
-  await test('Engine.load from a Blob and from an ArrayBuffer; a file that is not GGUF is an Error', async () => {
+  await test('Engine.load from a Blob, an ArrayBuffer, a URL without the cache; inspectGguf; a missing URL or a file that is not GGUF is an Error', async () => {
     const result = await inPage(async () => {
-      const { Engine } = window.flint;
+      const { Engine, cachedModels, inspectGguf } = window.flint;
+      const error = window.errorOf;
+      const prompt = 'The capital of France is';
       const blob = await (await fetch('/model.gguf')).blob();
-      const progress = [];
-      const fromBlob = await Engine.load(blob, { kvCacheTokens: 256, onProgress: (loaded, total) => progress.push([loaded, total]) });
-      const blobOutput = await fromBlob.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      const blobProgress = [];
+      const fromBlob = await Engine.load(blob, { kvCacheTokens: 256, onProgress: (...call) => blobProgress.push(call) });
+      const blobOutput = await fromBlob.generate(prompt, { temperature: 0, max_new_tokens: 2 });
       fromBlob.unload();
       const fromBuffer = await Engine.load(await blob.arrayBuffer(), { kvCacheTokens: 256 });
-      const bufferOutput = await fromBuffer.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
+      const bufferOutput = await fromBuffer.generate(prompt, { temperature: 0, max_new_tokens: 2 });
       fromBuffer.unload();
-      let notGguf;
-      try {
-        await Engine.load(new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8]));
-        notGguf = 'no error';
-      } catch (error) {
-        notGguf = `${error instanceof Error ? 'Error' : typeof error}: ${error.message}`;
-      }
-      return { size: blob.size, progress: progress.at(-1), blobOutput, bufferOutput, notGguf };
+      const urlProgress = [];
+      const fromUrl = await Engine.load('/model.gguf', { cache: false, kvCacheTokens: 256, onProgress: (...call) => urlProgress.push(call) });
+      const urlOutput = await fromUrl.generate(prompt, { temperature: 0, max_new_tokens: 2 });
+      fromUrl.unload();
+      return {
+        size: blob.size,
+        blobProgress,
+        blobOutput,
+        bufferOutput,
+        urlProgress,
+        urlOutput,
+        cached: await cachedModels(),
+        temporaryFiles: await Array.fromAsync((await navigator.storage.getDirectory()).keys()),
+        summary: await inspectGguf(blob),
+        missing: await error(() => Engine.load('/no-such-model.gguf', { cache: false })),
+        notGguf: await error(() => Engine.load(new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8]))),
+      };
     });
     const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
-    assert.deepEqual(result.progress, [result.size, result.size]);
+    progressStages(result.blobProgress, ['upload']);
+    assert.deepEqual(progressStages(result.urlProgress, ['download', 'upload']).download.at(-1), [result.size, result.size]);
     assert.deepEqual(result.blobOutput.output_ids, reference.web.output_ids.slice(0, 2));
     assert.deepEqual(result.bufferOutput.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.deepEqual(result.urlOutput.output_ids, reference.web.output_ids.slice(0, 2));
+    assert.deepEqual(result.cached, [`${origin}/model.gguf`], 'a load with cache: false changed the cache');
+    assert.deepEqual(result.temporaryFiles, [], 'a load with cache: false left its download behind');
+    assert.equal(result.summary.architecture, 'llama');
+    assert.match(result.missing, /^Error: .*\/no-such-model\.gguf.*HTTP 404/);
     assert.match(result.notGguf, /^Error: /);
-    return result.notGguf;
+    return `${result.missing}; ${result.notGguf}`;
   });
 
   await test('a second load of the same URL reads the Cache API, without a request; cachedModels, deleteCachedModel', async () => {
@@ -337,17 +372,16 @@ try {
       const { Engine, cachedModels, deleteCachedModel } = window.flint;
       const listed = await cachedModels();
       const progress = [];
-      const engine = await Engine.load('/model.gguf', { kvCacheTokens: 256, onProgress: (loaded, total) => progress.push([loaded, total]) });
+      const engine = await Engine.load('/model.gguf', { kvCacheTokens: 256, onProgress: (...call) => progress.push(call) });
       const output = await engine.generate('The capital of France is', { temperature: 0, max_new_tokens: 2 });
       engine.unload();
       const deleted = await deleteCachedModel('/model.gguf');
-      return { listed, progress: progress.at(-1), output, deleted, after: await cachedModels() };
+      return { listed, progress, output, deleted, after: await cachedModels() };
     });
     assert.equal(downloads() - before, 0, 'the second load requested the model from the server');
     const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
-    const size = statSync(modelPath).size;
     assert.deepEqual(result.listed, [`${origin}/model.gguf`]);
-    assert.deepEqual(result.progress, [size, size]);
+    progressStages(result.progress, ['upload']);
     assert.deepEqual(result.output.output_ids, reference.web.output_ids.slice(0, 2));
     assert.equal(result.deleted, true);
     assert.deepEqual(result.after, []);
@@ -358,7 +392,7 @@ try {
       const progress = [];
       const engine = await window.flint.WorkerEngine.load('/model.gguf', {
         kvCacheTokens: 256,
-        onProgress: (loaded, total) => progress.push([loaded, total]),
+        onProgress: (...call) => progress.push(call),
       });
       const items = [];
       for await (const item of engine.stream('The capital of France is', { temperature: 0, max_new_tokens: tokens })) {
@@ -381,11 +415,12 @@ try {
       }
       const metrics = await engine.metrics();
       await engine.unload();
-      return { progress: progress.at(-1), items, badParameter, aborted, metrics };
+      return { progress, items, badParameter, aborted, metrics };
     }, tokens);
     const reference = greedy.find((g) => g.prompt === 'The capital of France is') ?? assert.fail('no greedy output to compare with');
     const size = statSync(modelPath).size;
-    assert.deepEqual(result.progress, [size, size]);
+    // The test before deleted the model from the cache: the worker downloads it again.
+    assert.deepEqual(progressStages(result.progress, ['download', 'upload']).download.at(-1), [size, size]);
     assert.ok(result.items.length > 1, `${result.items.length} items`);
     assert.deepEqual(result.items.flatMap((item) => item.output_ids), reference.web.output_ids);
     assert.equal(result.items.map((item) => item.text).join(''), reference.web.text);
