@@ -23,7 +23,7 @@ export interface LoadOptions {
   cache?: boolean;
   /** The model's name in responses; by default the file's general.name. */
   model?: string;
-  /** Tokens the KV cache holds over all sequences; by default as many as the memory plan finds room for, up to the model's context. A size that cannot fit fails the load before any upload. */
+  /** Tokens the KV cache holds over all sequences; by default as many as the memory plan finds room for, up to the model's context; a browser does not say how much GPU memory there is, so at most 2 GiB of cache (16k tokens of a Llama-3.1-8B, 64k of a Llama-3.2-1B). A size that cannot fit fails the load before any upload. */
   kvCacheTokens?: number;
   /** Sequences in the running batch at most (32). */
   maxRunning?: number;

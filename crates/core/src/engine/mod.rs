@@ -88,7 +88,8 @@ pub struct EngineOptions {
     /// prompts. Bounds a step's latency, so a long prompt does not stall running streams.
     pub step_token_budget: usize,
     /// Tokens the KV cache holds over all sequences. By default, with [`Engine::load`], as many
-    /// as the model's [`MemoryPlan`] finds room for, up to the model's context; with
+    /// as the model's [`MemoryPlan`] finds room for, up to the model's context (at most
+    /// [`UNKNOWN_MEMORY_KV_BYTES`](crate::model::UNKNOWN_MEMORY_KV_BYTES) of it where the device's memory is not known); with
     /// [`Engine::new`], the model's context capped at what one storage binding holds per layer.
     pub kv_cache_tokens: Option<usize>,
     /// Keep finished prompts' full KV blocks and reuse them for requests with the same prefix.

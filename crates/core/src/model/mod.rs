@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 pub use batch::{GpuTokens, LogitRows, SequenceChunk};
 pub use config::{Architecture, ModelConfig, RopeSettings, SlidingWindowLayers};
-pub use plan::{MemoryPlan, MemorySource, PlanRequest};
+pub use plan::{MemoryPlan, MemorySource, PlanRequest, UNKNOWN_MEMORY_KV_BYTES};
 pub use weights::{WeightUpload, tensors_read_first};
 
 use crate::gguf::GgufFile;

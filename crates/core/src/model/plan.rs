@@ -13,11 +13,37 @@ use crate::kv::KvCacheShape;
 use crate::model::{KV_BLOCK_TOKENS, ModelConfig};
 use crate::{Error, Result};
 
+/// The most bytes a KV cache without a requested size takes where the device's memory is not
+/// known (a GPU without a budget: WebGPU does not report its memory, natively or in a browser),
+/// so that a long-context model does not claim more than a common GPU has: 16k tokens of a
+/// Llama-3.1-8B, 64k of a Llama-3.2-1B.
+pub const UNKNOWN_MEMORY_KV_BYTES: u64 = 2 << 30;
+
+/// Tokens of a KV cache without a requested size: at most `most`, in whole blocks, and as many
+/// as fit `room` bytes (`kv_bytes` of a number of tokens, with the pool's rounding and the
+/// tensors' padding), or [`UNKNOWN_MEMORY_KV_BYTES`] where the room is not known; one block at
+/// least (a plan that cannot hold it fails its check).
+fn default_kv_tokens(
+    most: usize,
+    room: Option<u64>,
+    kv_bytes_per_token: u64,
+    kv_bytes: impl Fn(usize) -> u64,
+) -> usize {
+    let whole_blocks = |tokens: usize| tokens / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+    let room = room.unwrap_or(UNKNOWN_MEMORY_KV_BYTES);
+    // None past room / bytes per token, then fewer by the rounding (a few hundred blocks at most).
+    let mut tokens = most.min(whole_blocks((room / kv_bytes_per_token) as usize)).max(KV_BLOCK_TOKENS);
+    while tokens > KV_BLOCK_TOKENS && kv_bytes(tokens) > room {
+        tokens -= KV_BLOCK_TOKENS;
+    }
+    tokens
+}
+
 /// What the plan is asked to make room for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanRequest {
     /// Tokens the KV cache must hold over all sequences; `None`: as many as fit, up to the
-    /// model's context.
+    /// model's context (and to [`UNKNOWN_MEMORY_KV_BYTES`] where the memory is not known).
     pub kv_tokens: Option<usize>,
     /// Tokens of one forward pass at most (`EngineOptions::step_token_budget`).
     pub step_tokens: usize,
@@ -92,24 +118,15 @@ impl MemoryPlan {
         let shape =
             KvCacheShape { layers: config.n_layers, kv_heads: config.n_kv_heads, head_dim: config.head_dim };
         let kv_bytes = |tokens: usize| shape.cache_bytes(ctx, KV_BLOCK_TOKENS, tokens);
-        let whole_blocks = |tokens: usize| tokens / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
         let max_kv_tokens = shape.max_tokens(ctx.max_binding_bytes(), KV_BLOCK_TOKENS);
         let weight_bytes = weight_bytes(ctx, file)?;
         let min_activation_bytes = step_activation_bytes(&config, 1, 1);
         let activation_bytes = step_activation_bytes(&config, request.step_tokens, request.max_rows);
         let kv_bytes_per_token = shape.token_bytes_per_layer() * 2 * shape.layers as u64;
         let kv_tokens = request.kv_tokens.unwrap_or_else(|| {
-            let mut tokens = config.context_length.min(max_kv_tokens).max(KV_BLOCK_TOKENS);
-            if let Some((available, _)) = available {
-                let room = available.saturating_sub(weight_bytes + activation_bytes);
-                // The most whole blocks that fit: none past room / bytes per token, and fewer by
-                // the pool's rounding and the tensors' padding (a few hundred blocks at most).
-                tokens = tokens.min(whole_blocks((room / kv_bytes_per_token) as usize)).max(KV_BLOCK_TOKENS);
-                while tokens > KV_BLOCK_TOKENS && kv_bytes(tokens) > room {
-                    tokens -= KV_BLOCK_TOKENS;
-                }
-            }
-            tokens
+            let most = config.context_length.min(max_kv_tokens);
+            let room = available.map(|(bytes, _)| bytes.saturating_sub(weight_bytes + activation_bytes));
+            default_kv_tokens(most, room, kv_bytes_per_token, kv_bytes)
         });
         let plan = MemoryPlan {
             weight_bytes,
@@ -234,5 +251,27 @@ impl fmt::Display for MemoryPlan {
             (Some(available), Some(from)) => write!(f, "  of {} ({from})", mib(available)),
             _ => write!(f, "  (the device's free memory is not known)"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_default_kv_cache_fits_its_room_or_a_bound_where_the_memory_is_unknown() {
+        let exact = |per_token: u64| move |tokens: usize| tokens as u64 * per_token;
+        // Llama-3.1-8B: 128 KiB a token, 131072 tokens of context; a GPU of unknown memory
+        // gets 2 GiB of cache.
+        let per_token = 128 << 10;
+        assert_eq!(default_kv_tokens(131_072, None, per_token, exact(per_token)), 16_384);
+        // Known room: what fits, in whole blocks, after the padding's rounding too.
+        let room = (1 << 30) + 100 * per_token;
+        assert_eq!(default_kv_tokens(131_072, Some(room), per_token, exact(per_token)), 8_288);
+        let padded = |tokens: usize| exact(per_token)(tokens) + (64 << 20);
+        assert_eq!(default_kv_tokens(131_072, Some(room), per_token, padded), 7_776);
+        // A short context is not stretched; no room leaves one block, which the check refuses.
+        assert_eq!(default_kv_tokens(8_192, None, 23 << 10, exact(23 << 10)), 8_192);
+        assert_eq!(default_kv_tokens(8_192, Some(0), per_token, exact(per_token)), KV_BLOCK_TOKENS);
     }
 }

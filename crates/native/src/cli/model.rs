@@ -28,7 +28,8 @@ pub struct ModelArg {
     #[arg(long, value_name = "MIB")]
     gpu_memory_budget: Option<u64>,
     /// Tokens the KV cache holds over all sequences (default: as many as the memory plan finds
-    /// room for, up to the model's context; `flint inspect` prints the plan).
+    /// room for, up to the model's context, or 2 GiB of cache where the GPU's memory is not
+    /// known; `flint inspect` prints the plan).
     #[arg(long, value_name = "N")]
     ctx_size: Option<usize>,
 }
