@@ -96,7 +96,7 @@ impl GgufFile {
     /// # fn main() -> flint_core::Result<()> {
     /// let file = flint_core::gguf::GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf")?;
     /// let embedding = file.tensor("token_embd.weight").expect("every llama model has one");
-    /// let first_row = &file.tensor_bytes(embedding)[..embedding.row_bytes()];
+    /// let first_row = &file.tensor_bytes(embedding)?[..embedding.row_bytes()];
     /// # Ok(())
     /// # }
     /// ```
