@@ -1,4 +1,4 @@
-//! The GGUF reader on arbitrary bytes, then everything built from a file's metadata before the
+//! The GGUF reader on arbitrary bytes (whole, and its header from a prefix), then everything built from a file's metadata before the
 //! GPU is involved: summary, model configuration, tokenizer, chat template. Each gives a value
 //! or an error, never a panic, and allocates no more than the file's size justifies (libFuzzer's
 //! `-rss_limit_mb` and `-malloc_limit_mb` catch a claimed length that is believed).
@@ -11,9 +11,19 @@ use flint_core::tokenizer::Tokenizer;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // A streaming load's first read: the header from a prefix of the file.
+    let _ = GgufFile::from_header(&data[..data.len() / 2], data.len() as u64);
     let Ok(file) = GgufFile::from_bytes(data.to_vec()) else { return };
+    let header =
+        GgufFile::from_header(data, data.len() as u64).expect("the whole file parses as a header too");
+    assert_eq!(header.expect("the whole file is never too short").tensors(), file.tensors());
     for tensor in file.tensors() {
-        assert_eq!(file.tensor_bytes(tensor).len(), tensor.bytes(), "{}", tensor.name());
+        assert_eq!(
+            file.tensor_bytes(tensor).map(<[u8]>::len).ok(),
+            Some(tensor.bytes()),
+            "{}",
+            tensor.name()
+        );
     }
     let _ = file.summary();
     let _ = ModelConfig::from_gguf(&file);
