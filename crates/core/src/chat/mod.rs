@@ -4,8 +4,11 @@
 //! way Hugging Face's `apply_chat_template` renders it: `trim_blocks` and `lstrip_blocks` on,
 //! Python's string methods (`.strip()`, `.startswith()`, `.split()`...) through
 //! `minijinja-contrib`'s pycompat, `raise_exception(message)` to reject a conversation,
-//! `tojson` (as `transformers` writes JSON), `break`/`continue` in loops. The context has `messages` (each with `role` and
-//! `content`), `add_generation_prompt`, and the vocabulary's `bos_token` and `eos_token`.
+//! `tojson` (as `transformers` writes JSON), `break`/`continue` in loops. The context has
+//! `messages` (each with `role` and `content`; an assistant's `tool_calls` and a tool's
+//! `tool_call_id` as OpenAI writes them), `tools` when a request offers some, `add_generation_prompt`,
+//! and the vocabulary's `bos_token` and `eos_token`. How a template's model writes tool calls,
+//! and reading them back, is [`ToolCallFormat`]'s.
 //!
 //! Message contents are values, never template source: Jinja written in a message is
 //! rendered as the literal text it is. The template itself comes from the model file, so it
@@ -32,7 +35,13 @@
 //! # }
 //! ```
 
+mod tools;
+
 use minijinja::{Environment, ErrorKind, context};
+pub use tools::{
+    ParsedCall, ParsedReply, ToolCall, ToolCallEvent, ToolCallFormat, ToolCallParser, ToolChoice,
+    ToolFunction,
+};
 
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
@@ -50,16 +59,22 @@ const RENDER_FUEL: u64 = 20_000_000;
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
-    /// Who speaks: `system`, `user`, `assistant` (templates may know others, e.g. `tool`).
+    /// Who speaks: `system`, `user`, `assistant`, `tool` (templates may know others).
     pub role: String,
     /// What is said, as plain text.
     pub content: String,
+    /// An assistant's calls to the request's tools (none in other messages).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message's answer to the call of this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
     /// A message with any role.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None }
     }
 
     /// A `system` message.
@@ -76,6 +91,16 @@ impl ChatMessage {
     pub fn assistant(content: impl Into<String>) -> Self {
         Self::new("assistant", content)
     }
+
+    /// An `assistant` message that calls tools, after `content` (often empty).
+    pub fn assistant_calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
+        ChatMessage { tool_calls, ..Self::new("assistant", content) }
+    }
+
+    /// A `tool` message: the result of the call `tool_call_id`.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage { tool_call_id: Some(tool_call_id.into()), ..Self::new("tool", content) }
+    }
 }
 
 /// A compiled chat template.
@@ -83,6 +108,8 @@ pub struct ChatTemplate {
     environment: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// How the template teaches the model to call tools, if it renders them.
+    tool_format: Option<ToolCallFormat>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -122,17 +149,41 @@ impl ChatTemplate {
         });
         environment.add_filter("tojson", tojson_like_transformers);
         environment.add_template_owned(TEMPLATE_NAME, source.to_owned()).map_err(template_error)?;
-        Ok(ChatTemplate { environment, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+        Ok(ChatTemplate {
+            environment,
+            bos_token: bos_token.to_owned(),
+            eos_token: eos_token.to_owned(),
+            tool_format: ToolCallFormat::of_template(source),
+        })
+    }
+
+    /// How the template teaches the model to call tools, or `None` when it renders no tools.
+    pub fn tool_format(&self) -> Option<ToolCallFormat> {
+        self.tool_format
     }
 
     /// The prompt for `messages`; with `add_generation_prompt`, ending with the header of the
     /// assistant's next turn. A template that fails or raises is an [`Error::ChatTemplate`]
     /// carrying the template's message.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`Self::render`] offering the model `tools`, as OpenAI's requests give them
+    /// (`{"type": "function", "function": {"name", "description", "parameters"}}`); with none, the
+    /// template's `tools` is `none`.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self.environment.get_template(TEMPLATE_NAME).map_err(template_error)?;
+        let tools = (!tools.is_empty()).then_some(minijinja::value::Serde(tools));
         template
             .render(context! {
                 messages => minijinja::value::Serde(messages),
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
@@ -144,7 +195,17 @@ impl ChatTemplate {
     /// tokenized with its special tokens and exactly one BOS, whether the template writes it or
     /// `tokenizer` adds it.
     pub fn encode(&self, tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let text = self.render(messages, true)?;
+        self.encode_with_tools(tokenizer, messages, &[])
+    }
+
+    /// [`Self::encode`] offering the model `tools` ([`Self::render_with_tools`]).
+    pub fn encode_with_tools(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+    ) -> Result<Vec<u32>> {
+        let text = self.render_with_tools(messages, tools, true)?;
         let bos_text = tokenizer.bos().and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
         let add_bos = bos_text.is_empty() || !text.starts_with(bos_text);
         Ok(tokenizer.encode(&text, add_bos, true))

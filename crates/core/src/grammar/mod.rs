@@ -26,7 +26,8 @@ use crate::{Error, Result};
 /// The separators of JSON output when the schema does not choose its own (through
 /// llguidance's `x-guidance` key): one space after `,` and `:` and no other whitespace, so a
 /// small model cannot spend its tokens on runs of blank lines and leave the JSON unfinished.
-const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
+pub(crate) const JSON_LAYOUT: &str =
+    r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
 
 /// Compiles constraints for one model's tokenizer.
 pub struct GrammarCompiler {
@@ -164,37 +165,11 @@ impl TokenConstraint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::TokenizerSpec;
 
     /// A byte-level vocabulary: 0 <unk>, 1 <s>, 2 </s>, 256 byte tokens, then a few words.
     fn tokenizer() -> Tokenizer {
-        let mut tokens: Vec<String> = ["<unk>", "<s>", "</s>"].iter().map(|t| t.to_string()).collect();
-        let mut types = vec![2, 3, 3];
-        for byte in 0..=255u8 {
-            tokens.push(format!("<0x{byte:02X}>"));
-            types.push(6);
-        }
-        for word in ["yes", "no", "maybe", "▁yes", "{\"", "\":"] {
-            tokens.push(word.to_string());
-            types.push(1);
-        }
-        Tokenizer::from_spec(TokenizerSpec {
-            model: "llama",
-            pre: None,
-            tokens: &tokens,
-            token_types: Some(&types),
-            scores: None,
-            merges: None,
-            bos: Some(1),
-            eos: Some(2),
-            eot: None,
-            eom: None,
-            unknown: Some(0),
-            add_bos: Some(true),
-            add_eos: Some(false),
-            add_space_prefix: Some(false),
-        })
-        .unwrap()
+        let words = ["yes", "no", "maybe", "▁yes", "{\"", "\":"];
+        crate::tokenizer::testing::byte_level(&["<unk>", "<s>", "</s>"], &words, Some(1), 2)
     }
 
     fn allowed_texts(tokenizer: &Tokenizer, constraint: &mut TokenConstraint) -> Vec<String> {

@@ -51,6 +51,8 @@ mod spm;
 mod vocabulary;
 
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;
 
 pub use detokenizer::Detokenizer;
