@@ -8,7 +8,8 @@
 # Targets (fuzz/fuzz_targets/): gguf (the reader, then the summary, model configuration,
 # tokenizer and chat template built from a file), tokenizer (both real vocabularies, encode then
 # decode), detokenizer (streamed pieces equal the whole decode), chat_template (both real
-# templates, hostile messages), openai_request (flint serve's request parser and checks).
+# templates, hostile messages), openai_request (flint serve's request parser and checks),
+# tool_calls (the tool-call parser of each format: streamed pieces read as the whole text).
 #
 # cargo-fuzz needs nightly compiler flags (-Z sanitizer, sanitizer coverage). CI has only the
 # stable toolchain, so this builds with it and RUSTC_BOOTSTRAP=1, which lets a stable compiler
@@ -19,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(gguf tokenizer detokenizer chat_template openai_request)
+targets=(gguf tokenizer detokenizer chat_template openai_request tool_calls)
 if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${FLINT_FUZZ_SECONDS:-45}}"
 

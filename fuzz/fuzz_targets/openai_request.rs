@@ -12,8 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let vocabulary = &vocabularies()[0];
     for endpoint in [Endpoint::Chat, Endpoint::Completion] {
         let Ok(request) = parse_request(data) else { return };
-        let model = vocabulary.model.file_name.trim_end_matches(".gguf");
-        let Ok(plan) = plan(request, endpoint, model, vocabulary, "fuzz".into()) else { continue };
+        let Ok(plan) = plan(request, endpoint, vocabulary, "fuzz".into()) else { continue };
         let _ = plan.request.sampling.validate(vocabulary.tokenizer.vocab_size());
     }
 });

@@ -46,11 +46,23 @@ fn load(model: ReferenceModel) -> Vocabulary {
 }
 
 impl openai::ServedModel for Vocabulary {
-    fn encode_chat(&self, messages: &[ChatMessage]) -> flint_native::Result<Vec<u32>> {
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+    ) -> flint_native::Result<Vec<u32>> {
         let template = self.template.as_ref().ok_or_else(|| {
             flint_core::Error::ChatTemplate(format!("{} has no chat template", self.model.file_name))
         })?;
-        Ok(template.encode(&self.tokenizer, messages)?)
+        Ok(template.encode_with_tools(&self.tokenizer, messages, tools)?)
+    }
+
+    fn tool_use(
+        &self,
+        request: &flint_core::openai::OpenAiRequest,
+    ) -> flint_core::Result<flint_core::openai::ToolUse> {
+        let format = self.template.as_ref().and_then(|template| template.tool_format());
+        request.tool_use(format, &self.tokenizer)
     }
 
     fn max_sequence_tokens(&self) -> usize {

@@ -36,7 +36,8 @@ use futures::{FutureExt, StreamExt};
 
 use crate::{Error, Result};
 
-/// How to load a model: the engine's batching and caching, which GPU, and who hears of progress.
+/// How to load a model: the engine's batching and caching, which GPU, who hears of progress, and
+/// a chat template to use in place of the file's.
 pub struct LoadOptions {
     /// How the engine batches and caches.
     pub engine: EngineOptions,
@@ -45,11 +46,22 @@ pub struct LoadOptions {
     pub gpu: GpuOptions,
     /// Called on the engine thread as loading goes from one stage to the next.
     pub on_progress: Option<Box<dyn FnMut(LoadStage) + Send>>,
+    /// A chat template (Jinja source) that replaces the file's own `tokenizer.chat_template`,
+    /// for a model whose file has none or a wrong one, as llama.cpp's `--chat-template-file`.
+    /// It sees the same variables (`messages`, `add_generation_prompt`, `bos_token` and
+    /// `eos_token` from the model's tokenizer); one that does not compile makes [`LLM::load`]
+    /// fail with [`flint_core::Error::ChatTemplate`].
+    pub chat_template: Option<String>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { engine: EngineOptions::default(), gpu: GpuOptions::from_env(), on_progress: None }
+        LoadOptions {
+            engine: EngineOptions::default(),
+            gpu: GpuOptions::from_env(),
+            on_progress: None,
+            chat_template: None,
+        }
     }
 }
 
@@ -504,7 +516,7 @@ fn engine_thread(
 
 /// Opens the file and the GPU, and loads the engine, reporting each stage.
 fn load_engine(path: &Path, options: LoadOptions) -> Result<(LoadedModel, StepLoop)> {
-    let LoadOptions { engine: engine_options, gpu, mut on_progress } = options;
+    let LoadOptions { engine: engine_options, gpu, mut on_progress, chat_template } = options;
     let mut report = |stage| {
         if let Some(on_progress) = on_progress.as_mut() {
             on_progress(stage);
@@ -516,7 +528,8 @@ fn load_engine(path: &Path, options: LoadOptions) -> Result<(LoadedModel, StepLo
     let ctx = futures::executor::block_on(GpuContext::new(&gpu))?;
     report(LoadStage::UploadingWeights);
     let described = format!("the model file '{}'", path.display());
-    let mut upload = LoadedModel::begin_load(ctx, &file, engine_options, &described)?;
+    let mut upload =
+        LoadedModel::begin_load(ctx, &file, engine_options, &described, chat_template.as_deref())?;
     let total = upload.weights().remaining_bytes();
     while upload.weights().write_next_from(&file)? {
         report(LoadStage::WeightsUploaded { bytes: total - upload.weights().remaining_bytes(), total });

@@ -110,3 +110,27 @@ fn errors_exit_1_and_usage_errors_exit_2() {
         assert_eq!(output.status.code(), Some(2), "{usage:?}: {}", text(&output.stderr));
     }
 }
+
+#[test]
+fn a_chat_template_file_that_cannot_be_read_or_compiled_is_an_error_naming_it() {
+    SMOLLM2.path();
+    let missing = format!("/nonexistent/flint-{}.jinja", std::process::id());
+    let output = flint(&["run", "hi", "--quiet", "--chat-template-file", &missing], "");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.starts_with(&format!("error: cannot read the chat template file {missing}")), "{stderr}");
+
+    let bad = std::env::temp_dir().join(format!("flint-bad-template-{}.jinja", std::process::id()));
+    std::fs::write(&bad, "{% for m in messages %}{{ m.content }}").unwrap();
+    let bad_path = bad.to_str().unwrap();
+    let output = flint(&["chat", "--quiet", "--chat-template-file", bad_path], "hi\n");
+    std::fs::remove_file(&bad).unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: --chat-template-file {bad_path}: "))
+            && stderr.contains("does not compile"),
+        "{stderr}"
+    );
+}

@@ -287,3 +287,41 @@ fn the_chat_template_turns_a_conversation_into_prompt_tokens() {
         .unwrap();
     assert!(matches!(answer.meta_info.finish_reason, Some(FinishReason::Length { length: 3 })));
 }
+
+#[test]
+fn a_chat_template_given_at_load_replaces_the_files_and_a_bad_one_fails_the_load() {
+    let template = "{% for m in messages %}{{ bos_token }}[{{ m.role }}] {{ m.content }}{{ eos_token }}\n\
+                    {% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
+    let llm = LLM::load(
+        SMOLLM2.path(),
+        LoadOptions { engine: small_engine(), chat_template: Some(template.into()), ..Default::default() },
+    )
+    .unwrap();
+    let messages = [flint_native::ChatMessage::system("Be brief."), flint_native::ChatMessage::user("Hi!")];
+    let ids = llm.encode_chat(&messages).unwrap();
+    let tokenizer = llm.tokenizer();
+    let special = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap().to_string();
+    let (bos, eos) = (special(tokenizer.bos()), special(tokenizer.eos()));
+    assert!(!bos.is_empty() && !eos.is_empty(), "{bos:?} {eos:?}");
+    // The template writes the BOS itself: none is added before it.
+    let expected = format!("{bos}[system] Be brief.{eos}\n{bos}[user] Hi!{eos}\n[assistant] ");
+    assert_eq!(tokenizer.decode(&ids, false).unwrap(), expected);
+    drop(llm);
+
+    let bad = LLM::load(
+        SMOLLM2.path(),
+        LoadOptions {
+            engine: small_engine(),
+            chat_template: Some("{% for m in messages %}{{ m.content }}".into()),
+            ..Default::default()
+        },
+    );
+    match bad {
+        Err(Error::Core(CoreError::ChatTemplate(why))) => {
+            let file = SMOLLM2.path().display().to_string();
+            assert!(why.contains("does not compile") && why.contains(&file), "{why}");
+        }
+        Err(other) => panic!("a template that does not compile fails the load with another error: {other}"),
+        Ok(_) => panic!("a template that does not compile was accepted"),
+    }
+}

@@ -1,6 +1,6 @@
 """Drives a running `flint serve` with the real OpenAI client (the `openai` package from PyPI).
 
-    python openai_client.py BASE_URL MODEL_ID
+    python openai_client.py BASE_URL MODEL_ID [ALIAS...]
 
 Run by tests/serve.rs with the interpreter of scripts/openai-client.sh. Each check raises on
 failure (the test fails on a non-zero exit) and prints one line when it passes. Token counts
@@ -16,7 +16,7 @@ import urllib.request
 
 import openai
 
-BASE, MODEL = sys.argv[1], sys.argv[2]
+BASE, MODEL, ALIASES = sys.argv[1], sys.argv[2], sys.argv[3:]
 client = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=300)
 passed = 0
 
@@ -75,8 +75,14 @@ def chat_pair(question, results):
 
 def check_models():
     models = client.models.list().data
-    assert [m.id for m in models] == [MODEL], models
-    ok("/v1/models lists the served model")
+    assert [m.id for m in models] == [MODEL, *ALIASES], models
+    # One model serves every request, whatever model it names; the answer names the model.
+    for name in [*ALIASES, "some-other-model"]:
+        answer = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=1
+        )
+        assert answer.model == MODEL, (name, answer)
+    ok("/v1/models lists the served model and its aliases, and any model name is served by it")
 
 
 def check_streamed_equals_whole():
@@ -137,9 +143,10 @@ def check_bad_requests():
     cases = [
         (dict(temperature=-1), "temperature"),
         (dict(top_p=0), "top_p"),
-        (dict(model="gpt-4"), "model"),
         (dict(max_tokens=100000), "max_tokens"),
         (dict(extra_body={"no_such_parameter": 1}), "no_such_parameter"),
+        # SmolLM2's template renders no tools: the README says a request with tools is a 400.
+        (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     ]
     for params, param in cases:
         kwargs = dict(model=MODEL, messages=messages, max_tokens=2)
@@ -152,6 +159,11 @@ def check_bad_requests():
             assert set(body) == {"message", "type", "param", "code"}, body
         else:
             raise AssertionError(f"{params} was accepted")
+    # With `tool_choice: none` the tools are not needed, and the request is served.
+    no_call = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="none"
+    )
+    assert no_call.choices[0].message.tool_calls is None, no_call
     for body in [b"{", b"[1, 2]", b'{"messages": "hi"}']:
         status, text = http("/v1/chat/completions", body)
         assert status == 400, (body, status, text)

@@ -1,6 +1,8 @@
-//! `flint serve` end to end: the built binary on SmolLM2, driven by the real OpenAI client
-//! (the `openai` package from PyPI, in the virtual environment scripts/openai-client.sh makes)
-//! through `openai_client.py`; then SIGTERM stops it cleanly.
+//! `flint serve` end to end: the built binary on SmolLM2, under an alias too, driven by the
+//! real OpenAI client (the `openai` package from PyPI, in the virtual environment
+//! scripts/openai-client.sh makes) through `openai_client.py`; then SIGTERM stops it cleanly.
+//!
+//! Tool calls, with the Python and the Node OpenAI clients, on a tiny model.
 //!
 //! And under load: 32 clients on loopback for a bounded time, over raw HTTP/1.1, with streamed
 //! and whole answers, streams dropped mid-way, connections cut before the body, and bad
@@ -33,9 +35,11 @@ struct Server {
 }
 
 impl Server {
-    fn start(model: &Path) -> Server {
+    /// `flint serve` on `model`, with `more` arguments.
+    fn start(model: &Path, more: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0", "--max-body-bytes", "1048576"])
+            .args(more)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -92,11 +96,11 @@ fn openai_python() -> String {
 #[test]
 fn the_openai_client_streams_generates_and_gets_errors_from_the_server() {
     let python = openai_python();
-    let mut server = Server::start(&SMOLLM2.path());
+    let mut server = Server::start(&SMOLLM2.path(), &["--alias", "gpt-4o-mini"]);
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let output = Command::new(&python)
         .arg(client)
-        .args([&server.base_url, "SmolLM2-135M-Instruct.Q4_1"])
+        .args([&server.base_url, "SmolLM2-135M-Instruct.Q4_1", "gpt-4o-mini"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -310,9 +314,42 @@ fn refused(address: &str, choices: &mut Choices) {
     assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
 }
 
+/// Tool calls through the real OpenAI clients for Python (`openai_tools.py`) and Node
+/// (`crates/web/tests/openai-node.mjs`, the `openai` npm package that scripts/setup-web.sh
+/// installs): `tiny-qwen2-tools.gguf`, a tiny random-weight Qwen2 whose ChatML template renders
+/// tools as Qwen2.5 does (scripts/fixtures/make_tiny_models.sh makes it). Its words are noise,
+/// so the clients check what flint guarantees whatever the model: valid calls when a call is
+/// required, streamed deltas that rebuild them, a two-turn exchange, no call with `none`, 400s
+/// naming the field.
+#[test]
+fn the_openai_clients_call_tools() {
+    let python = openai_python();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = flint_e2e::model_dir().join("tiny").join("tiny-qwen2-tools.gguf");
+    assert!(model.is_file(), "{} is missing: run scripts/fixtures/make_tiny_models.sh", model.display());
+    let server = Server::start(&model, &[]);
+    let clients = [
+        (python.as_str(), repo.join("crates/native/tests/openai_tools.py")),
+        ("node", repo.join("crates/web/tests/openai-node.mjs")),
+    ];
+    for (program, script) in clients {
+        let output =
+            Command::new(program).arg(&script).args([&server.base_url, "tiny-qwen2-tools"]).output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        print!("{stdout}");
+        assert!(
+            output.status.success(),
+            "{} failed:\n{stdout}\n{}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
+    }
+}
+
 #[test]
 fn thirty_two_clients_with_aborts_leave_no_blocks_and_no_growth() {
-    let server = Server::start(&SMOLLM2.path());
+    let server = Server::start(&SMOLLM2.path(), &[]);
     let address = server.address().to_string();
     // Warm-up: every client once, so buffers and pipelines that are made once exist.
     std::thread::scope(|scope| {

@@ -35,6 +35,8 @@ export interface LoadOptions {
   overlapSteps?: boolean;
   /** Seeds the samplers of requests without a seed; by default a random one. */
   seed?: number;
+  /** A Jinja chat template used in place of the model file's own, for a file without one or with one that does not render tools; one that does not compile fails the load. */
+  chatTemplate?: string;
 }
 
 /** Sampling parameters and request fields of `generate` and `stream`. Out-of-range values reject with an Error naming the field. */
@@ -109,10 +111,27 @@ export interface GenerateOutput {
   meta_info: MetaInfo;
 }
 
+/** A call to a tool, as an assistant's message carries it. `arguments` is JSON text. */
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
 export interface ChatMessage {
-  role: 'system' | 'developer' | 'user' | 'assistant' | (string & {});
+  role: 'system' | 'developer' | 'user' | 'assistant' | 'tool' | (string & {});
   content: string | null | { type: 'text'; text: string }[];
   name?: string;
+  /** An assistant's calls, as a response gave them. */
+  tool_calls?: ToolCall[];
+  /** A `tool` message: the id of the call it answers. */
+  tool_call_id?: string;
+}
+
+/** A function the model may call; its arguments are held to `parameters` (a JSON Schema). */
+export interface ChatTool {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: object; strict?: boolean };
 }
 
 /** OpenAI's chat completion request (the subset flint implements; other fields are an Error). */
@@ -135,7 +154,15 @@ export interface ChatCompletionRequest {
     | { type: 'text' }
     | { type: 'json_object' }
     | { type: 'json_schema'; json_schema: { name: string; description?: string; schema?: object; strict?: boolean } };
+  /** Functions the model may call. The model's chat template must render tools (one that does
+   * not is an Error unless `tool_choice` is 'none'); calls are constrained to be valid. */
+  tools?: ChatTool[];
+  tool_choice?: 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } };
+  parallel_tool_calls?: boolean;
   user?: string;
+  store?: boolean;
+  metadata?: Record<string, string>;
+  service_tier?: string;
   top_k?: number;
   min_p?: number;
   repetition_penalty?: number;
@@ -144,7 +171,7 @@ export interface ChatCompletionRequest {
   signal?: AbortSignal;
 }
 
-export type ChatFinishReason = 'stop' | 'length' | 'abort';
+export type ChatFinishReason = 'stop' | 'length' | 'abort' | 'tool_calls';
 
 export interface Usage {
   prompt_tokens: number;
@@ -160,7 +187,8 @@ export interface ChatCompletion {
   model: string;
   choices: {
     index: number;
-    message: { role: 'assistant'; content: string };
+    /** `content` is null when the answer is calls alone. */
+    message: { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] };
     logprobs: null;
     finish_reason: ChatFinishReason | null;
   }[];
@@ -174,7 +202,12 @@ export interface ChatCompletionChunk {
   model: string;
   choices: {
     index: number;
-    delta: { role?: 'assistant'; content: string };
+    /** A call's first delta has its `id`, `type` and name; later ones more of its arguments. */
+    delta: {
+      role?: 'assistant';
+      content?: string;
+      tool_calls?: { index: number; id?: string; type?: 'function'; function: { name?: string; arguments: string } }[];
+    };
     logprobs: null;
     finish_reason: ChatFinishReason | null;
   }[];

@@ -7,13 +7,13 @@
 //! [`OutputStream::abort`].
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use flint_core::chat::ChatMessage;
 use flint_core::engine::{EngineOptions, GenerateOutput, GenerationStream, LoadedModel};
 use flint_core::gpu::{GpuContext, GpuOptions};
-use flint_core::openai::{Endpoint, OpenAiRequest, Responder, Usage};
+use flint_core::openai::{ChoiceStream, Endpoint, OpenAiRequest, Responder, Usage};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -40,6 +40,8 @@ struct LoadOptions {
     overlap_steps: Option<bool>,
     /// Seeds the samplers of requests without a seed; by default one from `Math.random()`.
     seed: Option<u64>,
+    /// A Jinja chat template used in place of the file's own (`tokenizer.chat_template`).
+    chat_template: Option<String>,
 }
 
 /// A model on the GPU, serving requests. Made by `Engine.load`; `unload()` lets it go.
@@ -101,13 +103,19 @@ impl Engine {
         let loaded = self.loaded()?;
         let request: OpenAiRequest = from_json(body, "request")?;
         let id = next_id("chatcmpl");
-        let encode = |messages: &[ChatMessage]| Ok(loaded.model.encode_chat(messages)?);
-        let plan = openai::plan(request, encode, loaded.model.max_sequence_tokens(), id.clone())?;
+        let model = &loaded.model;
+        let tool_use = request
+            .tool_use(model.tool_format(), model.engine().tokenizer())
+            .map_err(|error| openai::chat_error(error.into()))?;
+        let encode =
+            |messages: &[ChatMessage], tools: &[Value]| Ok(model.encode_chat_with_tools(messages, tools)?);
+        let plan = openai::plan(request, tool_use, encode, model.max_sequence_tokens(), id.clone())?;
         let responder = Responder {
             endpoint: Endpoint::Chat,
             id: id.clone(),
             created: (js_sys::Date::now() / 1000.0) as u64,
             model: plan.model.unwrap_or_else(|| loaded.name.clone()),
+            tool_format: plan.tool_format,
         };
         let n = plan.request.sampling.n;
         let shape = if plan.stream {
@@ -116,7 +124,7 @@ impl Engine {
                 n,
                 include_usage: plan.include_usage,
                 usage: Usage::default(),
-                roles: HashSet::new(),
+                choices: HashMap::new(),
             }
         } else {
             Shape::ChatResponse { responder, n }
@@ -151,7 +159,13 @@ impl Engine {
             // The core has no entropy of its own in the browser.
             seed: options.seed.unwrap_or_else(|| (js_sys::Math::random() * 2f64.powi(53)) as u64),
         };
-        let mut upload = LoadedModel::begin_load(ctx.clone(), &file, engine_options, "the model")?;
+        let mut upload = LoadedModel::begin_load(
+            ctx.clone(),
+            &file,
+            engine_options,
+            "the model",
+            options.chat_template.as_deref(),
+        )?;
         let progress = |loaded: u64, total: u64| {
             if let Some(callback) = &on_progress {
                 // A throwing callback does not stop the load.
@@ -196,8 +210,14 @@ fn next_id(prefix: &str) -> String {
 enum Shape {
     /// The engine's `GenerateOutput`s.
     Outputs,
-    /// OpenAI chat chunks; `roles` holds the choices whose first delta (with the role) went out.
-    ChatChunks { responder: Responder, n: usize, include_usage: bool, usage: Usage, roles: HashSet<usize> },
+    /// OpenAI chat chunks; `choices` holds what each choice said so far.
+    ChatChunks {
+        responder: Responder,
+        n: usize,
+        include_usage: bool,
+        usage: Usage,
+        choices: HashMap<usize, ChoiceStream>,
+    },
     /// One OpenAI chat response, from all the outputs.
     ChatResponse { responder: Responder, n: usize },
 }
@@ -326,23 +346,28 @@ async fn next_shaped_item(state: &RefCell<StreamState>) -> Result<Option<String>
         // No choice has logprobs: the browser refuses them (`openai::plan`).
         return Ok(Some(responder.response(&outputs, &usage, |_| Value::Null).to_string()));
     }
-    let Some(output) = next_output(state).await? else {
-        return Ok(state.borrow_mut().pending_usage.take());
-    };
-    let mut state = state.borrow_mut();
-    let state = &mut *state;
-    let json = match &mut state.shape {
-        Shape::Outputs | Shape::ChatResponse { .. } => serde_json::to_string(&output)?,
-        Shape::ChatChunks { responder, n, include_usage, usage, roles } => {
-            let first = roles.insert(output.index);
-            if output.meta_info.finish_reason.is_some() {
-                usage.add(&output, *n);
-                if *include_usage {
-                    state.pending_usage = Some(responder.usage_chunk(usage).to_string());
+    loop {
+        let Some(output) = next_output(state).await? else {
+            return Ok(state.borrow_mut().pending_usage.take());
+        };
+        let mut state = state.borrow_mut();
+        let state = &mut *state;
+        let json = match &mut state.shape {
+            Shape::Outputs | Shape::ChatResponse { .. } => Some(serde_json::to_string(&output)?),
+            Shape::ChatChunks { responder, n, include_usage, usage, choices } => {
+                if output.meta_info.finish_reason.is_some() {
+                    usage.add(&output, *n);
+                    if *include_usage {
+                        state.pending_usage = Some(responder.usage_chunk(usage).to_string());
+                    }
                 }
+                let choice = choices.entry(output.index).or_insert_with(|| responder.choice_stream());
+                // A chunk that would say nothing yet (text that may open a tool call) waits.
+                responder.chunk(choice, &output, Value::Null).map(|chunk| chunk.to_string())
             }
-            responder.chunk(&output, first, Value::Null).to_string()
+        };
+        if json.is_some() {
+            return Ok(json);
         }
-    };
-    Ok(Some(json))
+    }
 }

@@ -4,9 +4,10 @@
 //! only, without logprobs, so the fields of completions and of logprobs are errors naming them.
 //! `signal` is the JS wrapper's and never gets here.
 
-use flint_core::chat::ChatMessage;
+use flint_core::chat::{ChatMessage, ToolCallFormat};
 use flint_core::engine::{GenerateRequest, Prompts};
-use flint_core::openai::{OpenAiRequest, field_name};
+use flint_core::openai::{OpenAiRequest, ToolUse, field_name};
+use serde_json::Value;
 
 use crate::error::{Error, Result};
 
@@ -17,13 +18,17 @@ pub(crate) struct ChatPlan {
     pub include_usage: bool,
     /// The `model` of the response objects.
     pub model: Option<String>,
+    /// How to read tool calls out of the answer, when the model may make some.
+    pub tool_format: Option<ToolCallFormat>,
 }
 
-/// The engine request of a chat, its prompt made by `encode_chat`. `max_sequence_tokens`
-/// bounds the default `max_tokens` (as many as the context has left, as OpenAI does).
+/// The engine request of a chat, its prompt made by `encode_chat` (offering the model
+/// `tool_use`'s tools), its output under `tool_use`'s grammar. `max_sequence_tokens` bounds the
+/// default `max_tokens` (as many as the context has left, as OpenAI does).
 pub(crate) fn plan(
     request: OpenAiRequest,
-    encode_chat: impl FnOnce(&[ChatMessage]) -> Result<Vec<u32>>,
+    tool_use: ToolUse,
+    encode_chat: impl FnOnce(&[ChatMessage], &[Value]) -> Result<Vec<u32>>,
     max_sequence_tokens: usize,
     rid: String,
 ) -> Result<ChatPlan> {
@@ -32,9 +37,10 @@ pub(crate) fn plan(
     if messages.is_empty() {
         return Err(Error::invalid("messages", "at least one message is needed"));
     }
-    let ids = encode_chat(&messages)?;
+    let ids = encode_chat(&messages, &tool_use.tools)?;
     let max_new_tokens = request.chat_max_new_tokens(ids.len(), max_sequence_tokens);
-    let sampling = request.sampling_params(max_new_tokens).map_err(|error| chat_error(error.into()))?;
+    let mut sampling = request.sampling_params(max_new_tokens).map_err(|error| chat_error(error.into()))?;
+    sampling.grammar = tool_use.grammar;
     let stream = request.streams();
     Ok(ChatPlan {
         request: GenerateRequest {
@@ -47,6 +53,7 @@ pub(crate) fn plan(
         stream,
         include_usage: request.include_usage(),
         model: request.model,
+        tool_format: tool_use.format,
     })
 }
 
@@ -85,7 +92,9 @@ mod tests {
 
     fn chat(body: &str) -> Result<ChatPlan> {
         let request: OpenAiRequest = from_json(body, "request")?;
-        plan(request, |messages| Ok(vec![messages.len() as u32, 7]), 100, "chatcmpl-1".into())
+        let encode =
+            |messages: &[ChatMessage], tools: &[Value]| Ok(vec![messages.len() as u32, tools.len() as u32]);
+        plan(request, ToolUse::default(), encode, 100, "chatcmpl-1".into())
     }
 
     #[test]
@@ -93,7 +102,7 @@ mod tests {
         let body = r#"{"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 4,
                        "stop": "\n", "seed": -1, "stream": true, "stream_options": {"include_usage": true}}"#;
         let plan = chat(body).unwrap();
-        assert_eq!(plan.request.input_ids, Some(Prompts::One(vec![1, 7])));
+        assert_eq!(plan.request.input_ids, Some(Prompts::One(vec![1, 0])));
         assert_eq!(plan.request.sampling.max_new_tokens, 4);
         assert_eq!(plan.request.sampling.stop, vec!["\n".to_string()]);
         assert_eq!(plan.request.sampling.seed, Some(u64::MAX));

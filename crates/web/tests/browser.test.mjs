@@ -8,7 +8,7 @@
 // by stage (download, then upload); greedy output for llama.cpp's reference prompts equals
 // native flint's token for token; streamed items concatenate to the non-streamed output; the
 // OpenAI chat shapes (whole and streamed); output constrained by a JSON Schema
-// (`response_format`); a bad parameter is an Error naming it and the engine keeps working; an
+// (`response_format`); tool calls (tool-checks.mjs, on a tiny model, in the page and a worker); a bad parameter is an Error naming it and the engine keeps working; an
 // AbortSignal ends a request with finish_reason abort, frees its KV blocks, and the next
 // request still works; loading from a Blob, an ArrayBuffer and a URL without the cache;
 // inspectGguf; a missing URL or a file that is not GGUF is an Error; a second load of a URL
@@ -28,7 +28,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { env, launchChromium, modelPath, repoDir, requireFiles, serve, webDir } from './harness.mjs';
+import { env, launchChromium, modelPath, repoDir, requireFiles, serve, tinyModelPath, webDir } from './harness.mjs';
 
 const referenceDir = env('FLINT_REFERENCE_DIR') ?? path.join(repoDir, 'tests', 'reference');
 const flintBin = env('FLINT_BIN') ?? path.join(repoDir, 'target', 'debug', 'flint');
@@ -37,6 +37,7 @@ const artifactsDir = env('FLINT_WEB_ARTIFACTS') ?? path.join(repoDir, 'target', 
 
 requireFiles('browser tests', [
   ['the model', modelPath, 'run scripts/fetch-models.sh'],
+  ['the tiny model of the tool-call checks', tinyModelPath, 'run scripts/fixtures/make_tiny_models.sh'],
   ['the reference data', path.join(referenceDir, 'smollm2-135m-q4_1', 'greedy.json'), 'set FLINT_REFERENCE_DIR'],
   ['the native flint', flintBin, 'run scripts/test-web.sh, which builds it, or set FLINT_BIN'],
   ['the package', path.join(webDir, 'pkg', 'flint_web_bg.wasm'), 'run scripts/build-web.sh'],
@@ -72,10 +73,14 @@ const installedExports = JSON.parse(
 
 // ---- the server ---------------------------------------------------------------------------
 
-// The installed copy of the package, for the page at /installed/.
-const { origin, requests, close: closeServer } = await serve((pathname) =>
-  /^\/installed\/(js|pkg)\/[\w.-]+$/.test(pathname) ? path.join(installedDir, pathname.slice('/installed/'.length)) : undefined,
-);
+// The installed copy of the package, for the page at /installed/; the tool-call checks' tiny
+// model and template.
+const toolsTemplatePath = path.join(repoDir, 'tests', 'fixtures', 'chat_templates', 'chatml-tools.jinja');
+const { origin, requests, close: closeServer } = await serve((pathname) => {
+  if (pathname === '/tiny.gguf') return tinyModelPath;
+  if (pathname === '/chatml-tools.jinja') return toolsTemplatePath;
+  return /^\/installed\/(js|pkg)\/[\w.-]+$/.test(pathname) ? path.join(installedDir, pathname.slice('/installed/'.length)) : undefined;
+});
 
 // ---- the browser ---------------------------------------------------------------------------
 
@@ -258,6 +263,28 @@ try {
     assert.equal(choice.finish_reason, 'stop');
     assert.match(badSchema, /^Error: .*'response_format'/);
     return `${choice.message.content} in ${response.usage.completion_tokens} tokens; ${badSchema}`;
+  });
+
+  await test('tool calls through chat.completions.create in the page and in a worker (tool-checks.mjs)', async () => {
+    const passed = await inPage(async () => {
+      const { runToolChecks } = await import('/tests/tool-checks.mjs');
+      const chatTemplate = await (await fetch('/chatml-tools.jinja')).text();
+      const fieldOf = (error) => /^invalid '(\w+)'/.exec(error.message)?.[1] ?? error.message;
+      const passed = {};
+      // The worker's engine gets the model's own template as the `chatTemplate` option.
+      const engines = [['page', window.flint.Engine, {}], ['worker', window.flint.WorkerEngine, { chatTemplate }]];
+      for (const [where, Engine, options] of engines) {
+        const engine = await Engine.load('/tiny.gguf', { ...options, cache: false, kvCacheTokens: 2048 });
+        try {
+          passed[where] = await runToolChecks((request) => engine.chat.completions.create(request), fieldOf);
+        } finally {
+          await engine.unload();
+        }
+      }
+      return passed;
+    });
+    assert.deepEqual(passed.worker, passed.page);
+    return `${passed.page.length} checks passed in each: ${passed.page.join('; ')}`;
   });
 
   await test('a bad parameter is an Error naming it, and the engine keeps working', async () => {

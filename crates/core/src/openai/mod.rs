@@ -16,15 +16,20 @@
 //! assert_eq!((sampling.temperature, sampling.max_new_tokens), (0.0, 8));
 //! ```
 
+mod tools;
+
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use crate::chat::ChatMessage;
+use crate::chat::{ChatMessage, ToolCall, ToolCallEvent, ToolCallFormat, ToolCallParser};
 use crate::engine::{FinishReason, GenerateOutput};
 use crate::error::{Error, Result};
 use crate::sample::SamplingParams;
+pub use tools::{
+    FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoiceParam, ToolKind, ToolUse,
+};
 
 /// The body of a chat completion or a completion request: the fields of both endpoints, as
 /// OpenAI names them. Unknown fields are rejected, so a parameter flint does not implement is
@@ -78,8 +83,21 @@ pub struct OpenAiRequest {
     pub best_of: Option<usize>,
     /// What the output must be: free text, any JSON object, or JSON valid against a schema.
     pub response_format: Option<ResponseFormat>,
+    /// Functions the model may call ([`OpenAiRequest::tool_use`]).
+    pub tools: Option<Vec<Tool>>,
+    /// Whether the model may (`auto`, the default), must (`required`, or a named function) or
+    /// must not (`none`) call the tools.
+    pub tool_choice: Option<ToolChoiceParam>,
+    /// Whether the model may make more than one call in an answer (by default it may).
+    pub parallel_tool_calls: Option<bool>,
     /// An end-user id, for the caller's own bookkeeping: accepted and ignored.
     pub user: Option<String>,
+    /// Whether OpenAI should store the answer: accepted and ignored (flint stores nothing).
+    pub store: Option<bool>,
+    /// Tags for the caller's own bookkeeping: accepted and ignored.
+    pub metadata: Option<Value>,
+    /// OpenAI's processing tier: accepted and ignored.
+    pub service_tier: Option<String>,
     /// `SamplingParams::top_k`.
     pub top_k: Option<i32>,
     /// `SamplingParams::min_p`.
@@ -164,6 +182,10 @@ pub struct Message {
     pub content: Option<Content>,
     /// A participant's name: accepted and ignored (chat templates have no place for it).
     pub name: Option<String>,
+    /// An assistant's calls to tools.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// A message's content: a text, or parts of which flint takes text only.
@@ -264,7 +286,11 @@ impl Message {
             }
         };
         let role = if self.role == "developer" { "system" } else { self.role.as_str() };
-        ChatMessage::new(role, content)
+        ChatMessage {
+            tool_calls: self.tool_calls.clone().unwrap_or_default(),
+            tool_call_id: self.tool_call_id.clone(),
+            ..ChatMessage::new(role, content)
+        }
     }
 }
 
@@ -365,6 +391,17 @@ pub struct Responder {
     pub created: u64,
     /// The model's name.
     pub model: String,
+    /// How to read tool calls out of chat outputs, when the request's tools may be called.
+    pub tool_format: Option<ToolCallFormat>,
+}
+
+/// What a streamed choice has said so far, which shapes its next chunks.
+#[derive(Debug)]
+pub struct ChoiceStream {
+    /// Whether its first chunk (which carries chat's `role`) was made.
+    started: bool,
+    /// Its tool calls, read as they come.
+    parser: Option<ToolCallParser>,
 }
 
 impl Responder {
@@ -381,14 +418,37 @@ impl Responder {
             .map(|output| {
                 let finish = output.meta_info.finish_reason.as_ref().map(finish_reason);
                 let logprobs = logprobs(output);
-                match self.endpoint {
-                    Endpoint::Chat => json!({
+                match (self.endpoint, self.tool_format) {
+                    (Endpoint::Chat, None) => json!({
                         "index": output.index,
                         "message": { "role": "assistant", "content": output.text },
                         "logprobs": logprobs,
                         "finish_reason": finish,
                     }),
-                    Endpoint::Completion => json!({
+                    (Endpoint::Chat, Some(format)) => {
+                        let reply = format.parse(&output.text);
+                        let mut message = json!({ "role": "assistant", "content": reply.content });
+                        if !reply.calls.is_empty() {
+                            if reply.content.is_empty() {
+                                message["content"] = Value::Null;
+                            }
+                            message["tool_calls"] = reply
+                                .calls
+                                .iter()
+                                .enumerate()
+                                .map(|(index, call)| {
+                                    json!({
+                                        "id": self.call_id(output.index, index),
+                                        "type": "function",
+                                        "function": { "name": call.name, "arguments": call.arguments },
+                                    })
+                                })
+                                .collect();
+                        }
+                        let finish = self.finish_reason(output, !reply.calls.is_empty());
+                        json!({ "index": output.index, "message": message, "logprobs": logprobs, "finish_reason": finish })
+                    }
+                    (Endpoint::Completion, _) => json!({
                         "index": output.index,
                         "text": output.text,
                         "logprobs": logprobs,
@@ -411,25 +471,105 @@ impl Responder {
         })
     }
 
-    /// One chunk of a streamed response, with one choice: its new text (or, for chat, the
-    /// assistant's role too on the first delta of each choice, `role`), its `logprobs`, its
-    /// finish reason when it ends.
-    pub fn chunk(&self, output: &GenerateOutput, role: bool, logprobs: Value) -> Value {
+    /// The state of a new streamed choice, for [`Self::chunk`].
+    pub fn choice_stream(&self) -> ChoiceStream {
+        let parser = match self.endpoint {
+            Endpoint::Chat => self.tool_format.map(ToolCallFormat::parser),
+            Endpoint::Completion => None,
+        };
+        ChoiceStream { started: false, parser }
+    }
+
+    /// The chunk of a streamed response for a choice's next output, `choice` what the choice
+    /// said before: its new text (for chat, the assistant's role too on the choice's first
+    /// chunk, and the calls read so far as `tool_calls` deltas), its `logprobs`, its finish
+    /// reason when it ends. `None` when the output says nothing yet (text that may start a
+    /// call is held back until it is known).
+    pub fn chunk(
+        &self,
+        choice: &mut ChoiceStream,
+        output: &GenerateOutput,
+        logprobs: Value,
+    ) -> Option<Value> {
         let finish = output.meta_info.finish_reason.as_ref().map(finish_reason);
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                let delta = if role {
+        let first = !std::mem::replace(&mut choice.started, true);
+        let choice = match (self.endpoint, &mut choice.parser) {
+            (Endpoint::Chat, None) => {
+                let delta = if first {
                     json!({ "role": "assistant", "content": output.text })
                 } else {
                     json!({ "content": output.text })
                 };
                 json!({ "index": output.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
             }
-            Endpoint::Completion => {
+            (Endpoint::Chat, Some(parser)) => {
+                let mut events = parser.push(&output.text);
+                if finish.is_some() {
+                    events.extend(parser.finish());
+                }
+                let delta = self.tool_delta(output.index, first, events);
+                if delta.is_empty() && finish.is_none() && logprobs.is_null() {
+                    return None;
+                }
+                let finish = self.finish_reason(output, parser.has_calls());
+                json!({ "index": output.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
+            }
+            (Endpoint::Completion, _) => {
                 json!({ "index": output.index, "text": output.text, "logprobs": logprobs, "finish_reason": finish })
             }
         };
-        self.chunk_with(vec![choice], None)
+        Some(self.chunk_with(vec![choice], None))
+    }
+
+    /// The delta of chat choice `choice` that says `events`: its text as `content`, its calls
+    /// as `tool_calls` (one entry per call: the first with the call's `id`, `type` and name,
+    /// each with the new fragment of its arguments).
+    fn tool_delta(&self, choice: usize, first: bool, events: Vec<ToolCallEvent>) -> Map<String, Value> {
+        let mut delta = Map::new();
+        if first {
+            delta.insert("role".into(), "assistant".into());
+        }
+        let mut content = String::new();
+        let mut calls: Vec<Value> = Vec::new();
+        for event in events {
+            match event {
+                ToolCallEvent::Content(text) => content.push_str(&text),
+                ToolCallEvent::Call { index, name } => calls.push(json!({
+                    "index": index,
+                    "id": self.call_id(choice, index),
+                    "type": "function",
+                    "function": { "name": name, "arguments": "" },
+                })),
+                ToolCallEvent::Arguments { index, fragment } => match calls.last_mut() {
+                    Some(call) if call["index"] == index => {
+                        let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+                        call["function"]["arguments"] = format!("{arguments}{fragment}").into();
+                    }
+                    _ => calls.push(json!({ "index": index, "function": { "arguments": fragment } })),
+                },
+            }
+        }
+        if !content.is_empty() {
+            delta.insert("content".into(), content.into());
+        }
+        if !calls.is_empty() {
+            delta.insert("tool_calls".into(), calls.into());
+        }
+        delta
+    }
+
+    /// The id of the `index`-th call of choice `choice`, unique to the answer.
+    fn call_id(&self, choice: usize, index: usize) -> String {
+        let answer = self.id.split_once('-').map_or(self.id.as_str(), |(_, answer)| answer);
+        format!("call_{answer}_{choice}_{index}")
+    }
+
+    /// A chat output's finish reason: `tool_calls` when it stopped after calls.
+    fn finish_reason(&self, output: &GenerateOutput, called: bool) -> Option<&'static str> {
+        match &output.meta_info.finish_reason {
+            Some(FinishReason::Stop { .. }) if called => Some("tool_calls"),
+            reason => reason.as_ref().map(finish_reason),
+        }
     }
 
     /// The last chunk of a stream that asked for `stream_options.include_usage`: no choices.
@@ -500,8 +640,8 @@ mod tests {
                 "{content}: {error}"
             );
         }
-        let error = refusal(r#"{"messages": [{"role": "user", "content": "Hi", "tool_calls": []}]}"#);
-        assert!(error.starts_with("unknown field `tool_calls`"), "{error}");
+        let error = refusal(r#"{"messages": [{"role": "user", "content": "Hi", "function_call": {}}]}"#);
+        assert!(error.starts_with("unknown field `function_call`"), "{error}");
         let error = refusal(r#"{"messages": [{"content": "Hi"}]}"#);
         assert!(error.starts_with("missing field `role`"), "{error}");
     }
@@ -627,8 +767,13 @@ mod tests {
 
     #[test]
     fn a_chat_answer_counts_each_prompt_once() {
-        let responder =
-            Responder { endpoint: Endpoint::Chat, id: "chatcmpl-1".into(), created: 7, model: "m".into() };
+        let responder = Responder {
+            endpoint: Endpoint::Chat,
+            id: "chatcmpl-1".into(),
+            created: 7,
+            model: "m".into(),
+            tool_format: None,
+        };
         let stop = FinishReason::Stop { matched: StopMatch::Token(2) };
         let outputs =
             [output(0, "yes", Some(stop.clone())), output(1, "no", Some(FinishReason::Length { length: 3 }))];
@@ -644,14 +789,166 @@ mod tests {
                                     "prompt_tokens_details": {"cached_tokens": 4}});
         assert_eq!(response["usage"], expected_usage);
 
-        let first = responder.chunk(&output(0, "y", None), true, Value::Null);
+        let mut choice = responder.choice_stream();
+        let first = responder.chunk(&mut choice, &output(0, "y", None), Value::Null).unwrap();
         assert_eq!(first["object"], "chat.completion.chunk");
         assert_eq!(first["choices"][0]["delta"], json!({"role": "assistant", "content": "y"}));
         assert_eq!(first["choices"][0]["finish_reason"], Value::Null);
-        let last = responder.chunk(&output(0, "es", Some(stop)), false, Value::Null);
+        let last = responder.chunk(&mut choice, &output(0, "es", Some(stop)), Value::Null).unwrap();
         assert_eq!(last["choices"][0]["delta"], json!({"content": "es"}));
         assert_eq!(last["choices"][0]["finish_reason"], "stop");
         let usage_chunk = responder.usage_chunk(&usage);
         assert_eq!((&usage_chunk["choices"], &usage_chunk["usage"]), (&json!([]), &expected_usage));
+    }
+
+    /// A tokenizer for grammars: ChatML's end of turn, then bytes.
+    fn tokenizer() -> crate::tokenizer::Tokenizer {
+        crate::tokenizer::testing::byte_level(&["<unk>", "<|im_end|>"], &[], None, 1)
+    }
+
+    const WEATHER: &str = r#"{"type": "function", "function": {"name": "weather", "description": "Now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}"#;
+
+    #[test]
+    fn tools_history_and_tool_choice_are_read() {
+        let body = format!(
+            r#"{{"messages": [{{"role": "user", "content": "Paris?"}},
+                {{"role": "assistant", "content": null, "tool_calls": [{{"id": "c1", "type": "function",
+                  "function": {{"name": "weather", "arguments": "{{\"city\": \"Paris\"}}"}}}}]}},
+                {{"role": "tool", "tool_call_id": "c1", "content": "sunny"}}],
+              "tools": [{WEATHER}], "tool_choice": "required", "parallel_tool_calls": false,
+              "store": false, "metadata": {{"a": "b"}}, "service_tier": "auto"}}"#
+        );
+        let request = parse(&body).unwrap();
+        let messages = request.chat_messages().unwrap();
+        assert_eq!(messages[1].tool_calls[0].arguments, r#"{"city": "Paris"}"#);
+        assert_eq!(messages[1].content, "");
+        assert_eq!(messages[2].tool_call_id.as_deref(), Some("c1"));
+        let tokenizer = tokenizer();
+        let tool_use = request.tool_use(Some(ToolCallFormat::Hermes), &tokenizer).unwrap();
+        assert_eq!(tool_use.format, Some(ToolCallFormat::Hermes));
+        assert_eq!(tool_use.tools[0]["function"]["description"], "Now");
+        let grammar = tool_use.grammar.unwrap();
+        assert!(grammar.starts_with("start: \"<tool_call>\" calls") && !grammar.contains(")*"), "{grammar}");
+
+        let named = format!(
+            r#"{{"tools": [{WEATHER}], "tool_choice": {{"type": "function", "function": {{"name": "weather"}}}}}}"#
+        );
+        assert!(
+            parse(&named)
+                .unwrap()
+                .tool_use(Some(ToolCallFormat::Hermes), &tokenizer)
+                .unwrap()
+                .grammar
+                .is_some()
+        );
+        let none = format!(r#"{{"tools": [{WEATHER}], "tool_choice": "none"}}"#);
+        let none = parse(&none).unwrap().tool_use(None, &tokenizer).unwrap();
+        assert_eq!((none.grammar, none.format, none.tools.len()), (None, None, 1));
+        let nothing = parse("{}").unwrap().tool_use(None, &tokenizer).unwrap();
+        assert!(nothing.tools.is_empty() && nothing.grammar.is_none() && nothing.format.is_none());
+    }
+
+    #[test]
+    fn tool_errors_name_their_field() {
+        let tokenizer = tokenizer();
+        let error = |body: String, format: Option<ToolCallFormat>| {
+            let Error::InvalidParameter { field, reason } =
+                parse(&body).unwrap().tool_use(format, &tokenizer).unwrap_err()
+            else {
+                panic!()
+            };
+            format!("{field}: {reason}")
+        };
+        let hermes = Some(ToolCallFormat::Hermes);
+        assert!(
+            error(format!(r#"{{"tools": [{WEATHER}]}}"#), None)
+                .starts_with("tools: this model's chat template")
+        );
+        assert!(
+            error(format!(r#"{{"tools": [{WEATHER}, {WEATHER}]}}"#), hermes).contains("'weather' is not one")
+        );
+        let other = format!(
+            r#"{{"tools": [{WEATHER}], "tool_choice": {{"type": "function", "function": {{"name": "x"}}}}}}"#
+        );
+        assert_eq!(error(other, hermes), "tool_choice: it names 'x', which 'tools' does not offer");
+        assert!(
+            error(format!(r#"{{"tools": [{WEATHER}], "tool_choice": "always"}}"#), hermes)
+                .starts_with("tool_choice: 'always'")
+        );
+        assert!(
+            error(r#"{"tool_choice": "required"}"#.into(), hermes).starts_with("tool_choice: calls need")
+        );
+        let json = format!(r#"{{"tools": [{WEATHER}], "response_format": {{"type": "json_object"}}}}"#);
+        assert!(error(json, hermes).starts_with("response_format: "));
+        let bad_schema = r#"{"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}"#;
+        assert!(error(bad_schema.into(), hermes).contains("not a JSON Schema object"));
+        assert!(
+            refusal(r#"{"tools": [{"type": "retrieval", "function": {"name": "f"}}]}"#)
+                .contains("unknown variant")
+        );
+    }
+
+    #[test]
+    fn calls_are_answered_whole_and_streamed_alike() {
+        let responder = Responder {
+            endpoint: Endpoint::Chat,
+            id: "chatcmpl-9-4".into(),
+            created: 7,
+            model: "m".into(),
+            tool_format: Some(ToolCallFormat::Hermes),
+        };
+        let text = "Looking.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let stop = FinishReason::Stop { matched: StopMatch::Token(2) };
+        let whole =
+            responder.response(&[output(0, text, Some(stop.clone()))], &Usage::default(), |_| Value::Null);
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["content"], "Looking.\n");
+        let expected_call = json!({"id": "call_9-4_0_0", "type": "function",
+            "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}});
+        assert_eq!(choice["message"]["tool_calls"], json!([expected_call]));
+
+        // Streamed four bytes at a time, the deltas rebuild the same message.
+        let mut stream = responder.choice_stream();
+        let (mut content, mut name, mut arguments, mut id) =
+            (String::new(), String::new(), String::new(), None);
+        let mut finish = Value::Null;
+        let pieces: Vec<&str> =
+            text.as_bytes().chunks(4).map(|piece| std::str::from_utf8(piece).unwrap()).collect();
+        for (at, piece) in pieces.iter().enumerate() {
+            let last = at + 1 == pieces.len();
+            let output = output(0, piece, last.then(|| stop.clone()));
+            let Some(chunk) = responder.chunk(&mut stream, &output, Value::Null) else { continue };
+            let delta = &chunk["choices"][0]["delta"];
+            content.push_str(delta["content"].as_str().unwrap_or_default());
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                assert_eq!(call["index"], 0);
+                if let Some(call_id) = call["id"].as_str() {
+                    assert!(id.replace(call_id.to_string()).is_none(), "one id");
+                    name.push_str(call["function"]["name"].as_str().unwrap());
+                }
+                arguments.push_str(call["function"]["arguments"].as_str().unwrap());
+            }
+            finish = chunk["choices"][0]["finish_reason"].clone();
+        }
+        assert_eq!(
+            (content.as_str(), name.as_str(), finish.as_str()),
+            ("Looking.\n", "weather", Some("tool_calls"))
+        );
+        assert_eq!(
+            (id.unwrap(), arguments),
+            ("call_9-4_0_0".to_string(), "{\"city\": \"Paris\"}".to_string())
+        );
+
+        // Text alone is content, and a length cut is `length` even after a call.
+        let plain = responder.response(&[output(0, "Hi", Some(stop))], &Usage::default(), |_| Value::Null);
+        assert_eq!(plain["choices"][0]["message"], json!({"role": "assistant", "content": "Hi"}));
+        let cut = responder.response(
+            &[output(0, text, Some(FinishReason::Length { length: 3 }))],
+            &Usage::default(),
+            |_| Value::Null,
+        );
+        assert_eq!(cut["choices"][0]["finish_reason"], "length");
     }
 }

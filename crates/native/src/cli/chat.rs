@@ -8,12 +8,14 @@ use clap::Args;
 use flint_native::{ChatMessage, GenerateRequest, Prompts};
 
 use super::generate::{SamplingArgs, engine_options, stream_text};
-use super::model::ModelArg;
+use super::model::{ChatTemplateArg, ModelArg};
 
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    chat_template: ChatTemplateArg,
     /// A system message that starts every conversation.
     #[arg(long, value_name = "TEXT")]
     system: Option<String>,
@@ -24,7 +26,7 @@ pub struct ChatArgs {
 const HELP: &str = "type a message; /reset starts a new conversation, /exit (or end of input) ends";
 
 pub fn chat(args: &ChatArgs, quiet: bool) -> anyhow::Result<()> {
-    let llm = args.model.load_llm(engine_options(), quiet)?;
+    let llm = args.model.load_llm(engine_options(), &args.chat_template, quiet)?;
     llm.chat_template()?;
     let interactive = std::io::stdin().is_terminal();
     if interactive && !quiet {

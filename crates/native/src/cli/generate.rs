@@ -8,7 +8,7 @@ use std::time::Instant;
 use clap::Args;
 use flint_native::{ChatMessage, EngineOptions, GenerateRequest, LLM, MetaInfo, Prompts, SamplingParams};
 
-use super::model::ModelArg;
+use super::model::{ChatTemplateArg, ModelArg};
 
 /// How to choose tokens: the sampling flags of `generate`, `run` and `chat`.
 #[derive(Args, Clone)]
@@ -91,6 +91,8 @@ pub fn read_json_schema(path: &Path) -> anyhow::Result<serde_json::Value> {
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    chat_template: ChatTemplateArg,
     /// The prompt text.
     #[arg(long, value_name = "P", required_unless_present = "input_ids", conflicts_with = "input_ids")]
     prompt: Option<String>,
@@ -113,6 +115,8 @@ pub struct GenerateArgs {
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    chat_template: ChatTemplateArg,
     /// The prompt; read from standard input when not given.
     prompt: Option<String>,
     #[command(flatten)]
@@ -131,7 +135,7 @@ pub fn engine_options() -> EngineOptions {
 
 pub fn generate(args: &GenerateArgs, quiet: bool) -> anyhow::Result<()> {
     let sampling = args.constraint.apply(args.sampling.params())?;
-    let llm = args.model.load_llm(engine_options(), quiet)?;
+    let llm = args.model.load_llm(engine_options(), &args.chat_template, quiet)?;
     let prompt_ids: Vec<u32> = match (&args.input_ids, &args.prompt) {
         (Some(json), _) => serde_json::from_str(json)
             .map_err(|e| anyhow::anyhow!("--input-ids must be a JSON array of token ids: {e}"))?,
@@ -163,7 +167,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> anyhow::Result<()> {
         None => read_stdin_prompt()?,
     };
     let sampling = args.constraint.apply(args.sampling.params())?;
-    let llm = args.model.load_llm(engine_options(), quiet)?;
+    let llm = args.model.load_llm(engine_options(), &args.chat_template, quiet)?;
     let prompt_ids = match llm.chat_template() {
         Ok(_) if !args.raw => llm.encode_chat(&[ChatMessage::user(prompt)])?,
         _ => llm.tokenizer().encode(&prompt, true, false),

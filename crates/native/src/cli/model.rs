@@ -1,5 +1,6 @@
-//! Which model a command uses (`--model`, else the default model from the cache), and loading
-//! it with a progress bar on a terminal.
+//! Which model a command uses (`--model`, else the default model from the cache), the chat
+//! template the chatting commands may give in place of its own (`--chat-template-file`), and
+//! loading it with a progress bar on a terminal.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -10,7 +11,7 @@ use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::model::Model;
 use flint_core::tokenizer::Tokenizer;
-use flint_native::{EngineOptions, LLM, LoadOptions, LoadStage};
+use flint_native::{EngineOptions, Error, LLM, LoadOptions, LoadStage};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The file name of the default model, SmolLM2-135M-Instruct in Q4_1.
@@ -32,6 +33,26 @@ pub struct ModelArg {
     /// known; `flint inspect` prints the plan).
     #[arg(long, value_name = "N")]
     ctx_size: Option<usize>,
+}
+
+/// `--chat-template-file PATH`, for the commands that render chats.
+#[derive(Args, Clone)]
+pub struct ChatTemplateArg {
+    /// A Jinja chat template to use in place of the model file's own (tokenizer.chat_template),
+    /// for a model whose file has none or a wrong one, as llama.cpp's --chat-template-file; it
+    /// is given messages, add_generation_prompt, bos_token and eos_token.
+    #[arg(long, value_name = "PATH")]
+    chat_template_file: Option<PathBuf>,
+}
+
+impl ChatTemplateArg {
+    /// The template's source, when a file was given.
+    fn read(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.chat_template_file else { return Ok(None) };
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read the chat template file {}: {e}", path.display()))?;
+        Ok(Some(source))
+    }
 }
 
 impl ModelArg {
@@ -60,17 +81,32 @@ impl ModelArg {
         GpuOptions { memory_budget: self.gpu_memory_budget.map(|mib| mib << 20), ..GpuOptions::from_env() }
     }
 
-    /// Loads the model and starts its engine, with a progress bar on a terminal unless `quiet`.
-    pub fn load_llm(&self, engine: EngineOptions, quiet: bool) -> anyhow::Result<LLM> {
+    /// Loads the model with `chat_template`'s template, if given, in place of its own and
+    /// starts its engine, with a progress bar on a terminal unless `quiet`.
+    pub fn load_llm(
+        &self,
+        engine: EngineOptions,
+        chat_template: &ChatTemplateArg,
+        quiet: bool,
+    ) -> anyhow::Result<LLM> {
         let engine = self.engine_options(engine);
         let path = self.path()?;
+        // Read before the model: a wrong path fails at once.
+        let template = chat_template.read()?;
         let progress = LoadProgress::start(&path, quiet);
         let on_progress = progress.clone().map(|bar| Box::new(move |stage| bar.stage(stage)) as Box<_>);
-        let llm = LLM::load(&path, LoadOptions { engine, gpu: self.gpu_options(), on_progress });
+        let options = LoadOptions { engine, gpu: self.gpu_options(), on_progress, chat_template: template };
+        let llm = LLM::load(&path, options);
         if let Some(bar) = progress {
             bar.finish();
         }
-        Ok(llm?)
+        llm.map_err(|error| match (&error, &chat_template.chat_template_file) {
+            // At load, only the given template can be at fault: name its file.
+            (Error::Core(flint_core::Error::ChatTemplate(_)), Some(file)) => {
+                anyhow::Error::new(error).context(format!("--chat-template-file {}", file.display()))
+            }
+            _ => error.into(),
+        })
     }
 
     /// The model file, its tokenizer and the model on the GPU, without an engine (for the

@@ -7,18 +7,25 @@ use clap::Args;
 use flint_native::server::Server;
 
 use super::generate::engine_options;
-use super::model::ModelArg;
+use super::model::{ChatTemplateArg, ModelArg};
 
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    chat_template: ChatTemplateArg,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1", value_name = "HOST")]
     host: String,
     /// The port to listen on; 0 picks a free one (the address is printed on stderr).
     #[arg(long, default_value_t = 8080, value_name = "PORT")]
     port: u16,
+    /// Another name to list the model under in /v1/models, for clients that ask for a fixed
+    /// model (repeat it for more names). Requests naming any model, listed or not, are served by
+    /// this one, and answers give the model's own name (the file name without .gguf).
+    #[arg(long = "alias", value_name = "NAME")]
+    aliases: Vec<String>,
     /// Request bodies larger than this are refused with 413.
     #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
     max_body_bytes: usize,
@@ -26,13 +33,13 @@ pub struct ServeArgs {
 
 pub fn serve(args: &ServeArgs, quiet: bool) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    // The model's name in requests and in `/v1/models`: the file name without `.gguf`.
+    // The model's name in `/v1/models` and in answers: the file name without `.gguf`.
     let model_id = path
         .file_name()
         .map(|name| name.to_string_lossy().trim_end_matches(".gguf").to_string())
         .unwrap_or_else(|| "model".into());
-    let llm = args.model.load_llm(engine_options(), quiet)?;
-    let server = Server::new(llm, model_id, args.max_body_bytes);
+    let llm = args.model.load_llm(engine_options(), &args.chat_template, quiet)?;
+    let server = Server::new(llm, model_id, args.aliases.clone(), args.max_body_bytes);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("flint-http")

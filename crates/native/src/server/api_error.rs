@@ -27,7 +27,7 @@ impl ApiError {
         }
     }
 
-    /// With an OpenAI error code (`model_not_found`, `request_too_large`...).
+    /// With an OpenAI error code (`request_too_large`, `not_found`...).
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self

@@ -10,7 +10,7 @@ mod api_error;
 pub mod openai;
 mod prometheus;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +26,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use flint_core::engine::GenerationStream;
-use flint_core::openai::{Endpoint, Responder, Usage};
+use flint_core::openai::{ChoiceStream, Endpoint, Responder, Usage};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -37,8 +37,10 @@ use openai::{Plan, parse_request};
 /// One served model, and what every handler shares.
 pub struct Server {
     llm: LLM,
-    /// The model's name in requests and in `/v1/models`.
+    /// The model's name in `/v1/models` and in every answer.
     model_id: String,
+    /// More names `/v1/models` lists for it, after `model_id`.
+    aliases: Vec<String>,
     /// When the server started, in Unix seconds (`created` of the model).
     started: u64,
     next_request: AtomicU64,
@@ -47,12 +49,21 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server of `llm` under the name `model_id`, refusing request bodies larger than
-    /// `max_body_bytes` with 413.
-    pub fn new(llm: LLM, model_id: String, max_body_bytes: usize) -> Arc<Self> {
+    /// A server of `llm` under the name `model_id`, listed in `/v1/models` under each of
+    /// `aliases` too (a name given twice, or the same as `model_id`, is listed once), refusing
+    /// request bodies larger than `max_body_bytes` with 413. A request naming any model is
+    /// served by `llm`.
+    pub fn new(llm: LLM, model_id: String, aliases: Vec<String>, max_body_bytes: usize) -> Arc<Self> {
+        let mut listed: Vec<String> = Vec::with_capacity(aliases.len());
+        for alias in aliases {
+            if alias != model_id && !listed.contains(&alias) {
+                listed.push(alias);
+            }
+        }
         Arc::new(Server {
             llm,
             model_id,
+            aliases: listed,
             started: unix_now(),
             next_request: AtomicU64::new(0),
             max_body_bytes,
@@ -119,7 +130,7 @@ async fn generate(
         Endpoint::Completion => "cmpl",
     };
     let id = format!("{prefix}-{}-{}", server.started, server.next_request.fetch_add(1, Ordering::Relaxed));
-    let mut plan = openai::plan(request, endpoint, &server.model_id, &server.llm, id.clone())?;
+    let mut plan = openai::plan(request, endpoint, &server.llm, id.clone())?;
     let mut stream = server.llm.engine()?.generate(std::mem::take(&mut plan.request));
     // The first item comes after the prompt's prefill: an invalid request fails here with its
     // 400, before a streamed response commits to 200.
@@ -127,7 +138,13 @@ async fn generate(
         Some(item) => item?,
         None => return Err(server.llm.health().err().map_or_else(no_output, ApiError::from)),
     };
-    let responder = Responder { endpoint, id, created: unix_now(), model: server.model_id.clone() };
+    let responder = Responder {
+        endpoint,
+        id,
+        created: unix_now(),
+        model: server.model_id.clone(),
+        tool_format: plan.tool_format,
+    };
     let answer = Answer { server, responder, plan };
     if answer.plan.stream { Ok(answer.stream(first, stream)) } else { answer.whole(first, stream).await }
 }
@@ -176,7 +193,7 @@ impl Answer {
             first: Some(first),
             stream,
             pending: VecDeque::new(),
-            started: HashSet::new(),
+            choices: HashMap::new(),
             offsets: Vec::new(),
             usage: Usage::default(),
             ended: 0,
@@ -199,8 +216,9 @@ struct Streaming {
     first: Option<GenerateOutput>,
     stream: GenerationStream,
     pending: VecDeque<Event>,
-    /// Choices that have had their first chunk (chat's first delta carries the role).
-    started: HashSet<usize>,
+    /// What each choice has said so far: its first delta carries the role, and its tool calls
+    /// are read as they come.
+    choices: HashMap<usize, ChoiceStream>,
     /// Per choice, the length of its text so far (completions' logprobs `text_offset`).
     offsets: Vec<usize>,
     usage: Usage,
@@ -239,13 +257,16 @@ impl Streaming {
             self.usage.add(&output, self.answer.plan.n);
             self.ended += 1;
         }
-        let role = self.started.insert(output.index);
         if self.offsets.len() <= output.index {
             self.offsets.resize(output.index + 1, 0);
         }
         let logprobs = self.answer.logprobs(&output, &mut self.offsets[output.index]);
-        let chunk = self.answer.responder.chunk(&output, role, logprobs);
-        self.pending.push_back(Event::default().data(chunk.to_string()));
+        let responder = &self.answer.responder;
+        let choice = self.choices.entry(output.index).or_insert_with(|| responder.choice_stream());
+        // A chunk that would say nothing yet (text that may open a tool call) waits.
+        if let Some(chunk) = responder.chunk(choice, &output, logprobs) {
+            self.pending.push_back(Event::default().data(chunk.to_string()));
+        }
     }
 
     /// The stream's end: an error event if it failed, the usage chunk if asked, `[DONE]`.
@@ -261,16 +282,13 @@ impl Streaming {
     }
 }
 
+/// The served model's id, then its aliases: one model under several names.
 async fn models(State(server): State<Arc<Server>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": server.model_id,
-            "object": "model",
-            "created": server.started,
-            "owned_by": "flint",
-        }],
-    }))
+    let data: Vec<serde_json::Value> = std::iter::once(&server.model_id)
+        .chain(&server.aliases)
+        .map(|id| json!({ "id": id, "object": "model", "created": server.started, "owned_by": "flint" }))
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
 }
 
 async fn health(State(server): State<Arc<Server>>) -> Response {

@@ -4,7 +4,8 @@
 //! own is here: completions' `prompt`, `logprobs`, and the errors as 400 responses.
 
 use crate::{ChatMessage, GenerateOutput, GenerateRequest, LLM, Prompts};
-use flint_core::openai::{Endpoint, OpenAiRequest, PromptInput};
+use flint_core::chat::{ChatTemplate, ToolCallFormat};
+use flint_core::openai::{Endpoint, OpenAiRequest, PromptInput, ToolUse};
 use flint_core::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
@@ -29,18 +30,27 @@ pub fn parse_request(body: &[u8]) -> Result<OpenAiRequest, ApiError> {
     Ok(request)
 }
 
-/// What [`plan`] needs of the served model: its chat prompts and its context.
+/// What [`plan`] needs of the served model: its chat prompts, how it calls tools, its context.
 pub trait ServedModel {
-    /// A conversation as prompt tokens, through the model's chat template.
-    fn encode_chat(&self, messages: &[ChatMessage]) -> crate::Result<Vec<u32>>;
+    /// A conversation as prompt tokens, through the model's chat template, offering the model
+    /// `tools` (OpenAI's `tools` objects).
+    fn encode_chat(&self, messages: &[ChatMessage], tools: &[Value]) -> crate::Result<Vec<u32>>;
+
+    /// What `request`'s tools ask of this model ([`OpenAiRequest::tool_use`]).
+    fn tool_use(&self, request: &OpenAiRequest) -> flint_core::Result<ToolUse>;
 
     /// The most tokens one sequence may hold, prompt and generated together.
     fn max_sequence_tokens(&self) -> usize;
 }
 
 impl ServedModel for LLM {
-    fn encode_chat(&self, messages: &[ChatMessage]) -> crate::Result<Vec<u32>> {
-        LLM::encode_chat(self, messages)
+    fn encode_chat(&self, messages: &[ChatMessage], tools: &[Value]) -> crate::Result<Vec<u32>> {
+        Ok(self.chat_template()?.encode_with_tools(self.tokenizer(), messages, tools)?)
+    }
+
+    fn tool_use(&self, request: &OpenAiRequest) -> flint_core::Result<ToolUse> {
+        let format = self.chat_template().ok().and_then(ChatTemplate::tool_format);
+        request.tool_use(format, self.tokenizer())
     }
 
     fn max_sequence_tokens(&self) -> usize {
@@ -56,26 +66,20 @@ pub struct Plan {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// How to read tool calls out of the answer, when the model may make some.
+    pub tool_format: Option<ToolCallFormat>,
 }
 
 /// Checks the request against the endpoint and the served model, and makes it an engine
-/// request.
+/// request. Its `model` is not checked: the one model serves every request, whatever model it
+/// names, as llama.cpp's server does (clients often send a fixed name), and the answer names
+/// the model that served it.
 pub fn plan(
     mut request: OpenAiRequest,
     endpoint: Endpoint,
-    model_id: &str,
     served: &impl ServedModel,
     rid: String,
 ) -> Result<Plan, ApiError> {
-    if let Some(model) = &request.model
-        && model != model_id
-    {
-        return Err(ApiError::invalid(
-            format!("the model '{model}' does not exist: this server serves '{model_id}'"),
-            Some("model"),
-        )
-        .with_code("model_not_found"));
-    }
     let unsupported = |param: &str, what: &str| {
         Err(ApiError::invalid(format!("'{param}' {what} is not supported by flint"), Some(param)))
     };
@@ -90,6 +94,7 @@ pub fn plan(
     if request.best_of.is_some_and(|best_of| best_of != n) {
         return unsupported("best_of", "other than n");
     }
+    let mut tool_use = ToolUse::default();
     let (text, input_ids, prompts) = match endpoint {
         Endpoint::Chat => {
             if request.prompt.is_some() {
@@ -101,12 +106,19 @@ pub fn plan(
             let messages = request
                 .chat_messages()
                 .ok_or_else(|| ApiError::invalid("'messages' is required", Some("messages")))?;
-            let ids = served.encode_chat(&messages)?;
+            tool_use = served.tool_use(&request).map_err(invalid_parameter)?;
+            let ids = served.encode_chat(&messages, &tool_use.tools)?;
             (None, Some(Prompts::One(ids)), 1)
         }
         Endpoint::Completion => {
             if request.messages.is_some() {
                 return Err(ApiError::invalid("completions take 'prompt', not 'messages'", Some("messages")));
+            }
+            if request.tools.is_some() || request.tool_choice.is_some() {
+                return Err(ApiError::invalid(
+                    "completions take no 'tools': use chat completions",
+                    Some("tools"),
+                ));
             }
             match request.prompt.take() {
                 Some(PromptInput::Text(text)) => (Some(Prompts::One(text)), None, 1),
@@ -130,13 +142,14 @@ pub fn plan(
         // OpenAI's default for a completion.
         _ => request.max_new_tokens().unwrap_or(16),
     };
-    let sampling = request.sampling_params(max_new_tokens).map_err(|error| match error {
+    let mut sampling = request.sampling_params(max_new_tokens).map_err(|error| match error {
         // A `logit_bias` key that is not a token id.
         flint_core::Error::InvalidParameter { field, reason } => {
             ApiError::invalid(format!("{field} {reason}"), Some(field))
         }
         error => ApiError::from(error),
     })?;
+    sampling.grammar = tool_use.grammar;
     Ok(Plan {
         request: GenerateRequest {
             text,
@@ -153,7 +166,18 @@ pub fn plan(
         n,
         stream: request.streams(),
         include_usage: request.include_usage(),
+        tool_format: tool_use.format,
     })
+}
+
+/// An error of the request's tools, naming the field at fault.
+fn invalid_parameter(error: flint_core::Error) -> ApiError {
+    match error {
+        flint_core::Error::InvalidParameter { field, reason } => {
+            ApiError::invalid(format!("invalid '{field}': {reason}"), Some(field))
+        }
+        error => ApiError::from(error),
+    }
 }
 
 /// `logprobs` (and `top_logprobs`) as (return logprobs, alternatives per token): a boolean for
@@ -237,6 +261,40 @@ pub fn logprobs(
                 "top_logprobs": top,
                 "text_offset": offsets,
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A served model without a GPU: every chat is three tokens.
+    struct Fake;
+
+    impl ServedModel for Fake {
+        fn encode_chat(&self, _: &[ChatMessage], _: &[Value]) -> crate::Result<Vec<u32>> {
+            Ok(vec![1, 2, 3])
+        }
+
+        fn tool_use(&self, _: &OpenAiRequest) -> flint_core::Result<ToolUse> {
+            Ok(ToolUse::default())
+        }
+
+        fn max_sequence_tokens(&self) -> usize {
+            64
+        }
+    }
+
+    #[test]
+    fn a_request_naming_any_model_is_planned_for_the_served_one() {
+        for model in [r#""model": "gpt-4o-mini","#, r#""model": "some-other-model","#, ""] {
+            let body =
+                format!(r#"{{{model} "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 2}}"#);
+            let request = parse_request(body.as_bytes()).unwrap();
+            let plan = plan(request, Endpoint::Chat, &Fake, "test".into())
+                .unwrap_or_else(|error| panic!("{model}: {}", error.body()));
+            assert!(matches!(plan.request.input_ids, Some(Prompts::One(ref ids)) if ids == &[1, 2, 3]));
         }
     }
 }
