@@ -11,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let vocabulary = &vocabularies()[0];
     for endpoint in [Endpoint::Chat, Endpoint::Completion] {
-        let Ok(request) = parse_request(data) else { return };
+        let Ok(request) = parse_request::<flint_core::openai::OpenAiRequest>(data) else { return };
         let Ok(plan) = plan(request, endpoint, vocabulary, "fuzz".into()) else { continue };
         let _ = plan.request.sampling.validate(vocabulary.tokenizer.vocab_size());
     }

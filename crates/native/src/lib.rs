@@ -31,8 +31,8 @@ pub use llm::{GenerationIter, LLM, LoadOptions, LoadStage};
 pub use flint_core;
 pub use flint_core::chat::ChatMessage;
 pub use flint_core::engine::{
-    Engine, EngineMetrics, EngineOptions, FinishReason, GenerateOutput, GenerateRequest, MetaInfo, Prompts,
-    StopMatch,
+    Embeddings, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateOutput, GenerateRequest,
+    MetaInfo, Prompts, StopMatch,
 };
 pub use flint_core::gpu::GpuOptions;
 pub use flint_core::sample::SamplingParams;

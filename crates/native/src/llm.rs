@@ -23,7 +23,7 @@ use std::thread::{JoinHandle, ThreadId};
 use async_channel::{Receiver, Sender};
 use flint_core::chat::{ChatMessage, ChatTemplate};
 use flint_core::engine::{
-    Engine, EngineMetrics, EngineOptions, GenerateOutput, GenerateRequest, LoadedModel, StepLoop,
+    Embeddings, Engine, EngineMetrics, EngineOptions, GenerateOutput, GenerateRequest, LoadedModel, StepLoop,
 };
 use flint_core::error::panic_message;
 use flint_core::gguf::GgufFile;
@@ -294,6 +294,24 @@ impl LLM {
             }
             Err(error) => GenerationIter::failed(error),
         }
+    }
+
+    /// The embeddings of `texts` ([`Engine::embed`]): each tokenized with the model's special
+    /// tokens, its final hidden states pooled as the model's file says (the mean unless it
+    /// says otherwise) and scaled to unit length, in the order of `texts`.
+    ///
+    /// ```no_run
+    /// # fn main() -> flint_native::Result<()> {
+    /// let llm = flint_native::LLM::load("Qwen3-Embedding-0.6B-Q8_0.gguf", Default::default())?;
+    /// let embeddings = llm.embed(&["What is the capital of France?", "Paris"])?;
+    /// let cosine: f32 = embeddings.vectors[0].iter().zip(&embeddings.vectors[1]).map(|(a, b)| a * b).sum();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn embed(&self, texts: &[&str]) -> Result<Embeddings> {
+        let inputs: Vec<Vec<u32>> =
+            texts.iter().map(|text| self.tokenizer().encode(text, true, false)).collect();
+        Ok(self.run(move |engine| async move { engine.embed(inputs).await })??)
     }
 
     /// Runs `call` on the engine thread with a handle on the engine, and blocks until the

@@ -1,4 +1,5 @@
-"""Tool calling through `flint serve`, driven by the real OpenAI client (the `openai` package).
+"""Tool calling and embeddings through `flint serve`, driven by the real OpenAI client (the
+`openai` package).
 
     python openai_tools.py BASE_URL MODEL_ID
 
@@ -7,10 +8,15 @@ renders tools as Qwen2.5 does (tests/fixtures/chat_templates/chatml-tools.jinja)
 words are noise, so what is checked is what flint guarantees whatever the model: with
 `required` or a named function, every answer is calls to offered functions with arguments
 valid against their schemas; streamed deltas rebuild the whole answer; a tool's result can be
-sent back; `none` never calls. Each check raises on failure and prints one line when it passes.
+sent back; `none` never calls; embeddings are unit vectors, the same as floats and as base64.
+(tests/tests/embeddings.rs checks their values against llama.cpp's.) Each check raises on failure
+and prints one line when it passes.
 """
 
+import base64
 import json
+import math
+import struct
 import sys
 
 import openai
@@ -221,6 +227,32 @@ def check_errors():
     ok("bad tool requests are 400s naming the field")
 
 
-for check in [check_required, check_named, check_single_call, check_streamed, check_two_turns, check_none_and_auto, check_errors]:
+def check_embeddings():
+    texts = ["the cat sat on the mat", "Hello, world!", "the cat sat on the mat"]
+    answer = client.embeddings.create(model=MODEL, input=texts)
+    vectors = [item.embedding for item in answer.data]
+    assert [item.index for item in answer.data] == [0, 1, 2], answer
+    assert all(len(vector) == 256 for vector in vectors), [len(vector) for vector in vectors]
+    for vector in vectors:
+        assert abs(math.sqrt(sum(value * value for value in vector)) - 1) < 1e-5, "unit length"
+    assert vectors[0] == vectors[2] and vectors[0] != vectors[1], "the same text, the same vector"
+    assert answer.usage.prompt_tokens > 0 and answer.usage.total_tokens == answer.usage.prompt_tokens, answer.usage
+    # base64: the same vectors as little-endian f32 (the client decodes it when it asked for it).
+    raw = client.embeddings.with_raw_response.create(model=MODEL, input=texts[:1], encoding_format="base64")
+    encoded = json.loads(raw.text)["data"][0]["embedding"]
+    decoded = list(struct.unpack(f"<{len(vectors[0])}f", base64.b64decode(encoded)))
+    assert decoded == vectors[0], "base64 and float give the same vector"
+    ids = client.embeddings.create(model=MODEL, input=[[116, 104, 101]]).data[0].embedding
+    assert len(ids) == 256
+    try:
+        client.embeddings.create(model=MODEL, input="x", dimensions=8)
+    except openai.BadRequestError as error:
+        assert error.body["param"] == "dimensions", error.body
+    else:
+        raise AssertionError("dimensions was accepted")
+    ok("/v1/embeddings: unit vectors per input, float and base64 alike, ids too; dimensions is a 400")
+
+
+for check in [check_embeddings, check_required, check_named, check_single_call, check_streamed, check_two_turns, check_none_and_auto, check_errors]:
     check()
 print(f"{passed} checks passed")

@@ -2,7 +2,7 @@
 //! real OpenAI client (the `openai` package from PyPI, in the virtual environment
 //! scripts/openai-client.sh makes) through `openai_client.py`; then SIGTERM stops it cleanly.
 //!
-//! Tool calls, with the Python and the Node OpenAI clients, on a tiny model.
+//! Tool calls, with the Python and the Node OpenAI clients, and embeddings, on a tiny model.
 //!
 //! And under load: 32 clients on loopback for a bounded time, over raw HTTP/1.1, with streamed
 //! and whole answers, streams dropped mid-way, connections cut before the body, and bad
@@ -314,7 +314,8 @@ fn refused(address: &str, choices: &mut Choices) {
     assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
 }
 
-/// Tool calls through the real OpenAI clients for Python (`openai_tools.py`) and Node
+/// Tool calls (and, from Python, embeddings) through the real OpenAI clients for Python
+/// (`openai_tools.py`) and Node
 /// (`crates/web/tests/openai-node.mjs`, the `openai` npm package that scripts/setup-web.sh
 /// installs): `tiny-qwen2-tools.gguf`, a tiny random-weight Qwen2 whose ChatML template renders
 /// tools as Qwen2.5 does (scripts/fixtures/make_tiny_models.sh makes it). Its words are noise,
@@ -322,7 +323,7 @@ fn refused(address: &str, choices: &mut Choices) {
 /// required, streamed deltas that rebuild them, a two-turn exchange, no call with `none`, 400s
 /// naming the field.
 #[test]
-fn the_openai_clients_call_tools() {
+fn the_openai_clients_call_tools_and_embed() {
     let python = openai_python();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let model = flint_e2e::model_dir().join("tiny").join("tiny-qwen2-tools.gguf");

@@ -214,6 +214,23 @@ export interface ChatCompletionChunk {
   usage?: Usage;
 }
 
+/** OpenAI's embeddings request: texts, or token ids, to embed. */
+export interface EmbeddingRequest {
+  input: string | string[] | number[] | number[][];
+  model?: string;
+  /** 'float' (the default), or 'base64': each vector's little-endian f32 bytes. */
+  encoding_format?: 'float' | 'base64';
+  user?: string;
+}
+
+/** One unit-length vector per input, pooled as the model's file says (the mean unless it says otherwise, e.g. last token for Qwen3-Embedding). */
+export interface EmbeddingResponse {
+  object: 'list';
+  data: { object: 'embedding'; index: number; embedding: number[] | string }[];
+  model: string;
+  usage: { prompt_tokens: number; total_tokens: number };
+}
+
 export interface EngineInfo {
   model: string;
   architecture: string;
@@ -258,6 +275,9 @@ export class Engine {
       create(body: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
     };
   };
+  readonly embeddings: {
+    create(body: EmbeddingRequest): Promise<EmbeddingResponse>;
+  };
   /** Aborts running requests and lets the model go; later calls throw. */
   unload(): void;
 }
@@ -277,6 +297,7 @@ export class WorkerEngine {
   generate(prompt: string | number[], params?: GenerateParams): Promise<GenerateOutput | GenerateOutput[]>;
   stream(prompt: string | number[], params?: GenerateParams): AsyncGenerator<GenerateOutput, void, undefined>;
   readonly chat: Engine['chat'];
+  readonly embeddings: Engine['embeddings'];
   /** Aborts running requests, unloads the model and ends the worker. */
   unload(): Promise<void>;
 }

@@ -59,6 +59,8 @@ export class Engine {
     this.#native = native;
     /** OpenAI's chat completions: `engine.chat.completions.create({messages, stream, ...})`. */
     this.chat = { completions: { create: (body) => this.#chatCompletion(body) } };
+    /** OpenAI's embeddings: `engine.embeddings.create({input, encoding_format})`. */
+    this.embeddings = { create: async (body) => JSON.parse(await this.#native.embed(JSON.stringify(body ?? {}))) };
   }
 
   /**

@@ -21,6 +21,8 @@ export class WorkerEngine {
     };
     /** OpenAI's chat completions: `engine.chat.completions.create({messages, stream, ...})`. */
     this.chat = { completions: { create: (body) => this.#chat(body) } };
+    /** OpenAI's embeddings: `engine.embeddings.create({input, encoding_format})`. */
+    this.embeddings = { create: (body) => this.#call({ op: 'embed', body }) };
   }
 
   /**

@@ -51,6 +51,9 @@ self.onmessage = async ({ data }) => {
           }
         });
         break;
+      case 'embed':
+        send({ id, type: 'result', value: await loadedEngine().embeddings.create(data.body) });
+        break;
       case 'abort':
       case 'close':
         running.get(data.target)?.abort();

@@ -13,7 +13,7 @@ use std::rc::Rc;
 use flint_core::chat::ChatMessage;
 use flint_core::engine::{EngineOptions, GenerateOutput, GenerationStream, LoadedModel};
 use flint_core::gpu::{GpuContext, GpuOptions};
-use flint_core::openai::{ChoiceStream, Endpoint, OpenAiRequest, Responder, Usage};
+use flint_core::openai::{ChoiceStream, EmbeddingRequest, Endpoint, OpenAiRequest, Responder, Usage};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -130,6 +130,20 @@ impl Engine {
             Shape::ChatResponse { responder, n }
         };
         Ok(OutputStream::new(loaded.model.engine(), plan.request, id, shape))
+    }
+
+    /// Answers an OpenAI embeddings request (`body`, JSON: `input` a text, texts, token ids or
+    /// lists of them; `encoding_format` float or base64) with the response as JSON: one
+    /// unit-length vector per input, pooled as the model's file says.
+    pub async fn embed(&self, body: String) -> Result<String, JsError> {
+        let loaded = self.loaded()?;
+        let request: EmbeddingRequest = from_json(&body, "request")?;
+        let engine = loaded.model.engine();
+        let inputs =
+            request.token_inputs(engine.tokenizer()).map_err(|error| openai::chat_error(error.into()))?;
+        let embeddings = engine.embed(inputs).await.map_err(|error| openai::chat_error(error.into()))?;
+        let model = request.model.clone().unwrap_or_else(|| loaded.name.clone());
+        Ok(request.response(&model, &embeddings).map_err(Error::from)?.to_string())
     }
 
     /// Lets the model go: later calls fail, and once the requests still streaming end (the JS

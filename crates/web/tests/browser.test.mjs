@@ -28,7 +28,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { env, launchChromium, modelPath, repoDir, requireFiles, serve, tinyModelPath, webDir } from './harness.mjs';
+import { env, launchChromium, modelPath, repoDir, requireFiles, serve, tinyEmbeddingModelPath, tinyModelPath, webDir } from './harness.mjs';
 
 const referenceDir = env('FLINT_REFERENCE_DIR') ?? path.join(repoDir, 'tests', 'reference');
 const flintBin = env('FLINT_BIN') ?? path.join(repoDir, 'target', 'debug', 'flint');
@@ -38,6 +38,7 @@ const artifactsDir = env('FLINT_WEB_ARTIFACTS') ?? path.join(repoDir, 'target', 
 requireFiles('browser tests', [
   ['the model', modelPath, 'run scripts/fetch-models.sh'],
   ['the tiny model of the tool-call checks', tinyModelPath, 'run scripts/fixtures/make_tiny_models.sh'],
+  ['the tiny model of the embedding checks', tinyEmbeddingModelPath, 'run scripts/fixtures/make_tiny_models.sh'],
   ['the reference data', path.join(referenceDir, 'smollm2-135m-q4_1', 'greedy.json'), 'set FLINT_REFERENCE_DIR'],
   ['the native flint', flintBin, 'run scripts/test-web.sh, which builds it, or set FLINT_BIN'],
   ['the package', path.join(webDir, 'pkg', 'flint_web_bg.wasm'), 'run scripts/build-web.sh'],
@@ -78,6 +79,7 @@ const installedExports = JSON.parse(
 const toolsTemplatePath = path.join(repoDir, 'tests', 'fixtures', 'chat_templates', 'chatml-tools.jinja');
 const { origin, requests, close: closeServer } = await serve((pathname) => {
   if (pathname === '/tiny.gguf') return tinyModelPath;
+  if (pathname === '/tiny-embedding.gguf') return tinyEmbeddingModelPath;
   if (pathname === '/chatml-tools.jinja') return toolsTemplatePath;
   return /^\/installed\/(js|pkg)\/[\w.-]+$/.test(pathname) ? path.join(installedDir, pathname.slice('/installed/'.length)) : undefined;
 });
@@ -285,6 +287,42 @@ try {
     });
     assert.deepEqual(passed.worker, passed.page);
     return `${passed.page.length} checks passed in each: ${passed.page.join('; ')}`;
+  });
+
+  await test("embeddings.create in the page and in a worker equals llama.cpp's (embeddings.json)", async () => {
+    const fixture = JSON.parse(readFileSync(path.join(repoDir, 'tests', 'fixtures', 'tiny_models', 'embeddings.json'), 'utf8'));
+    const record = fixture.models.find((model) => model.model_file === path.basename(tinyEmbeddingModelPath));
+    const inputs = record.inputs.map((input) => input.ids);
+    const got = await inPage(async (inputs) => {
+      const got = {};
+      for (const [where, Engine] of [['page', window.flint.Engine], ['worker', window.flint.WorkerEngine]]) {
+        const engine = await Engine.load('/tiny-embedding.gguf', { cache: false, kvCacheTokens: 512 });
+        try {
+          const floats = await engine.embeddings.create({ input: inputs });
+          const base64 = await engine.embeddings.create({ input: inputs[0], encoding_format: 'base64' });
+          got[where] = { vectors: floats.data.map((item) => item.embedding), base64: base64.data[0].embedding, usage: floats.usage };
+        } finally {
+          await engine.unload();
+        }
+      }
+      return got;
+    }, inputs);
+    const details = [];
+    for (const where of ['page', 'worker']) {
+      const { vectors, base64, usage } = got[where];
+      assert.equal(usage.prompt_tokens, inputs.flat().length);
+      // The bound of tests/tests/embeddings.rs for mean pooling: llama.cpp rounds matmul inputs to 8 bits.
+      for (const [index, vector] of vectors.entries()) {
+        const expected = record.inputs[index].embedding;
+        const worst = Math.max(...vector.map((value, i) => Math.abs(value - expected[i])));
+        const cosine = vector.reduce((sum, value, i) => sum + value * expected[i], 0);
+        assert.ok(worst <= 2e-3 && cosine > 0.9999, `${where} input ${index}: cosine ${cosine}, worst ${worst}`);
+        details.push(cosine.toFixed(6));
+      }
+      const decoded = Array.from(new Float32Array(Uint8Array.from(Buffer.from(base64, 'base64')).buffer));
+      assert.deepEqual(decoded, vectors[0]);
+    }
+    return `cosines with llama.cpp ${details.join(', ')}`;
   });
 
   await test('a bad parameter is an Error naming it, and the engine keeps working', async () => {

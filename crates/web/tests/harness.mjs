@@ -20,6 +20,8 @@ const cacheDir = path.join(env('XDG_CACHE_HOME') ?? path.join(os.homedir(), '.ca
 const modelDir = env('FLINT_MODEL_DIR') ?? path.join(cacheDir, 'models');
 /** SmolLM2-135M-Instruct Q4_1, as scripts/fetch-models.sh caches it. */
 export const modelPath = path.join(modelDir, MODEL_FILE);
+/** A tiny random-weight Qwen2 whose llama.cpp embeddings are in tests/fixtures/tiny_models/embeddings.json. */
+export const tinyEmbeddingModelPath = path.join(modelDir, 'tiny', 'tiny-qwen2-q8_0.gguf');
 /** The tool-calling checks' tiny random-weight Qwen2, which scripts/fixtures/make_tiny_models.sh makes. */
 export const tinyModelPath = path.join(modelDir, 'tiny', 'tiny-qwen2-tools.gguf');
 /** The synthetic model `name` (e.g. 'llama-3.2-1b.q8_0') where scripts/synth-model.sh writes it. */

@@ -169,10 +169,26 @@ pub struct EngineMetrics {
 /// A message to the step loop.
 enum Command {
     Submit(Vec<Sequence>),
+    Embed(EmbedJob),
     Abort(String),
     FlushCache(futures::channel::oneshot::Sender<()>),
     #[cfg(feature = "fault-injection")]
     Inject(Fault),
+}
+
+/// Inputs to embed ([`Engine::embed`]), and where their embeddings go.
+struct EmbedJob {
+    inputs: Vec<Vec<u32>>,
+    reply: futures::channel::oneshot::Sender<Result<Embeddings>>,
+}
+
+/// The embeddings of a request's inputs ([`Engine::embed`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embeddings {
+    /// One unit-length vector of the model's width per input, in the inputs' order.
+    pub vectors: Vec<Vec<f32>>,
+    /// The tokens of all the inputs.
+    pub prompt_tokens: usize,
 }
 
 /// A fault for tests to inject into the step loop ([`Engine::inject_fault`]), to check that
@@ -368,6 +384,47 @@ impl Engine {
             let _ = output.try_send(Err(error));
         }
         GenerationStream { items: Box::pin(items) }
+    }
+
+    /// The embeddings of `inputs` (token ids; tokenize texts with [`Engine::tokenizer`], special
+    /// tokens added): each input's final hidden states, after the output norm, pooled as the
+    /// model's `pooling_type` says ([`crate::model::Pooling`]: the mean unless the file says
+    /// otherwise) and scaled to unit length. Inputs run between steps, each in KV blocks of its
+    /// own that are given back at once. An empty input, or one longer than
+    /// [`Engine::max_sequence_tokens`], is an error naming it.
+    pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Embeddings> {
+        self.health()?;
+        if inputs.is_empty() {
+            return Err(Error::InvalidParameter {
+                field: "input",
+                reason: "there is nothing to embed".into(),
+            });
+        }
+        let most = self.max_sequence_tokens();
+        for (index, input) in inputs.iter().enumerate() {
+            let reason = match input.len() {
+                0 => format!("input {index} is empty"),
+                length if length > most => {
+                    format!("input {index} has {length} tokens, more than the {most} one sequence may hold")
+                }
+                _ => continue,
+            };
+            return Err(Error::InvalidParameter { field: "input", reason });
+        }
+        let vocab = self.shared.vocab_size;
+        if let Some((index, &token)) = inputs.iter().enumerate().find_map(|(index, input)| {
+            input.iter().find(|&&token| token as usize >= vocab).map(|token| (index, token))
+        }) {
+            let reason =
+                format!("input {index} has token id {token}, outside the vocabulary of {vocab} tokens");
+            return Err(Error::InvalidParameter { field: "input", reason });
+        }
+        let (reply, done) = futures::channel::oneshot::channel();
+        self.shared
+            .commands
+            .try_send(Command::Embed(EmbedJob { inputs, reply }))
+            .map_err(|_| Error::EngineStopped("its step loop has ended".into()))?;
+        done.await.map_err(|_| Error::EngineStopped("its step loop ended before the embeddings".into()))?
     }
 
     /// Aborts every request whose `rid` is `rid`: each of its sequences ends with

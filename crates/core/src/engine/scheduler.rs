@@ -95,6 +95,11 @@ impl Scheduler {
         self.limits.prefix_cache
     }
 
+    /// The most tokens one forward pass takes.
+    pub fn token_budget(&self) -> usize {
+        self.limits.token_budget
+    }
+
     /// Whether decode steps of greedy sequences may overlap.
     pub fn overlaps_steps(&self) -> bool {
         self.limits.overlap_steps

@@ -77,6 +77,8 @@ pub(crate) struct Step {
     /// Runs of consecutive rows that get logits.
     logit_runs: Vec<Range<usize>>,
     n_logit_rows: usize,
+    /// The head stops at the normalised hidden states: embeddings, not logits.
+    hidden_output: bool,
 }
 
 impl Step {
@@ -172,6 +174,7 @@ impl Step {
             attention,
             n_logit_rows: logit_runs.iter().map(ExactSizeIterator::len).sum(),
             logit_runs,
+            hidden_output: false,
         })
     }
 
@@ -235,9 +238,16 @@ impl Step {
         }
     }
 
+    /// This step's head ends at the normalised hidden states ([`Step::logits`]).
+    pub fn with_hidden_output(mut self) -> Self {
+        self.hidden_output = true;
+        self
+    }
+
     /// Records the model's head on the rows that need logits: those rows of the final hidden
     /// state `hidden` (`[n_tokens, width]`) are gathered, normalised by `output_norm`, and
-    /// projected by `lm_head` into logits `[n_logit_rows, vocab]`.
+    /// projected by `lm_head` into logits `[n_logit_rows, vocab]`; or, for a step with hidden
+    /// output, returned as they are after the norm (`[n_logit_rows, width]`).
     pub fn logits(
         &self,
         ctx: &GpuContext,
@@ -246,11 +256,11 @@ impl Step {
         output_norm: &RmsNorm<'_>,
         lm_head: &QuantMatrix,
     ) -> Result<Tensor> {
-        let logits = Tensor::empty(ctx, "logits", &[self.n_logit_rows, lm_head.rows()])?;
-        if self.n_logit_rows == 0 {
-            return Ok(logits);
-        }
         let width = lm_head.cols();
+        let out_width = if self.hidden_output { width } else { lm_head.rows() };
+        if self.n_logit_rows == 0 {
+            return Tensor::empty(ctx, "logits", &[0, out_width]);
+        }
         let selected = Tensor::empty(ctx, "hidden rows with logits", &[self.n_logit_rows, width])?;
         let row_bytes = (width * 4) as u64;
         let mut written = 0;
@@ -266,6 +276,10 @@ impl Step {
             written += bytes;
         }
         rms_norm_in_place(ctx, encoder, output_norm, &selected)?;
+        if self.hidden_output {
+            return Ok(selected);
+        }
+        let logits = Tensor::empty(ctx, "logits", &[self.n_logit_rows, out_width])?;
         matmul(ctx, encoder, lm_head, MatmulInput::Plain(&selected), MatmulOutput::Write(&logits))?;
         Ok(logits)
     }

@@ -119,6 +119,21 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     /// The output projection is the token embedding (the file has no `output.weight`).
     pub tied_output: bool,
+    /// How an input's hidden states become its embedding (`pooling_type`).
+    pub pooling: Pooling,
+}
+
+/// How the final hidden states of an input's tokens become one embedding: the `pooling_type`
+/// of the file, numbered as llama.cpp numbers it (0 none, 1 mean, 2 cls, 3 last, 4 rank). A
+/// file without one, or with none, pools by the mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over every token (`pooling_type` 1; also 0 and absent).
+    Mean,
+    /// The first token's (`pooling_type` 2, "cls").
+    First,
+    /// The last token's (`pooling_type` 3), as Qwen3-Embedding pools.
+    Last,
 }
 
 impl ModelConfig {
@@ -192,6 +207,20 @@ impl ModelConfig {
             ));
         }
 
+        let pooling = match metadata.optional::<u32>(&key("pooling_type"))? {
+            None | Some(0 | 1) => Pooling::Mean,
+            Some(2) => Pooling::First,
+            Some(3) => Pooling::Last,
+            Some(other) => {
+                return Err(key_error(
+                    &key("pooling_type"),
+                    format!(
+                        "{other} (rank, or unknown) is not supported: flint pools by mean, first or last token"
+                    ),
+                ));
+            }
+        };
+
         Ok(ModelConfig {
             architecture,
             n_layers,
@@ -209,6 +238,7 @@ impl ModelConfig {
             context_length,
             vocab_size,
             tied_output: file.tensor("output.weight").is_none(),
+            pooling,
         })
     }
 

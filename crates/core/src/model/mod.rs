@@ -45,7 +45,7 @@ mod tests;
 use std::sync::Arc;
 
 pub use batch::{GpuTokens, LogitRows, SequenceChunk};
-pub use config::{Architecture, ModelConfig, RopeSettings, SlidingWindowLayers};
+pub use config::{Architecture, ModelConfig, Pooling, RopeSettings, SlidingWindowLayers};
 pub use plan::{MemoryPlan, MemorySource, PlanRequest, UNKNOWN_MEMORY_KV_BYTES};
 pub use weights::{WeightUpload, tensors_read_first};
 
@@ -166,6 +166,20 @@ impl Model {
         gpu_tokens: Option<GpuTokens<'_>>,
         then: impl FnOnce(&GpuContext, &mut Encoder, &Tensor) -> Result<T>,
     ) -> Result<(Tensor, T)> {
+        let step = self.step(cache, chunks)?;
+        self.run_pass(cache, step, gpu_tokens, then)
+    }
+
+    /// [`Model::forward`] that stops before the output projection: the final hidden states,
+    /// normalised by the output norm, `[n_rows, hidden]` of the rows the chunks ask for (the
+    /// states embeddings are pooled from).
+    pub fn forward_hidden(&self, cache: &KvCache, chunks: &[SequenceChunk<'_>]) -> Result<Tensor> {
+        let step = self.step(cache, chunks)?.with_hidden_output();
+        Ok(self.run_pass(cache, step, None, |_, _, _| Ok(()))?.0)
+    }
+
+    /// The checked, uploaded inputs of a pass over `chunks`.
+    fn step(&self, cache: &KvCache, chunks: &[SequenceChunk<'_>]) -> Result<batch::Step> {
         if cache.shape() != self.kv_cache_shape() {
             return Err(Error::InvalidBatch(format!(
                 "the KV cache holds {:?} per token, but this model needs {:?}",
@@ -173,20 +187,30 @@ impl Model {
                 self.kv_cache_shape()
             )));
         }
+        batch::Step::new(&self.ctx, self.config.vocab_size, cache, chunks)
+    }
+
+    /// Records and submits the pass of `step`, then `then`'s work on its output.
+    fn run_pass<T>(
+        &self,
+        cache: &KvCache,
+        step: batch::Step,
+        gpu_tokens: Option<GpuTokens<'_>>,
+        then: impl FnOnce(&GpuContext, &mut Encoder, &Tensor) -> Result<T>,
+    ) -> Result<(Tensor, T)> {
         let ctx = &*self.ctx;
-        let step = batch::Step::new(ctx, self.config.vocab_size, cache, chunks)?;
         let mut encoder = ctx.encoder("forward");
         encoder.keep_bind_groups(Arc::clone(&self.bind_groups));
         if let Some(gpu_tokens) = &gpu_tokens {
             step.take_gpu_tokens(&mut encoder, gpu_tokens)?;
         }
-        let logits = match &self.network {
+        let output = match &self.network {
             Network::Llama(model) => model.forward(ctx, &mut encoder, &step, cache)?,
             Network::Gemma3(model) => model.forward(ctx, &mut encoder, &step, cache)?,
         };
-        let after = then(ctx, &mut encoder, &logits)?;
+        let after = then(ctx, &mut encoder, &output)?;
         ctx.submit(encoder)?;
-        Ok((logits, after))
+        Ok((output, after))
     }
 }
 

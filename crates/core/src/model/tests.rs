@@ -210,6 +210,13 @@ fn gelu_tanh(x: f64) -> f64 {
 
 /// The logits of every token of one sequence, by the architecture's diagram in f64.
 fn reference_logits(tiny: &Tiny, w: &TinyWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let output = if tiny.tied { w.get("token_embd.weight") } else { w.get("output.weight") };
+    reference_hidden(tiny, w, tokens).iter().map(|h| mat_vec(output, h)).collect()
+}
+
+/// The final hidden state of every position, after the output norm: what the output
+/// projection takes, and what embeddings are pooled from.
+fn reference_hidden(tiny: &Tiny, w: &TinyWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let gemma = tiny.arch == Architecture::Gemma3;
     let embedding = w.get("token_embd.weight");
     let mut xs: Vec<Vec<f64>> = tokens
@@ -294,8 +301,7 @@ fn reference_logits(tiny: &Tiny, w: &TinyWeights, tokens: &[u32]) -> Vec<Vec<f64
             x.iter_mut().zip(&down).for_each(|(x, d)| *x += d);
         }
     }
-    let output = if tiny.tied { embedding } else { w.get("output.weight") };
-    xs.iter().map(|x| mat_vec(output, &rms_norm(x, w.get("output_norm.weight")))).collect()
+    xs.iter().map(|x| rms_norm(x, w.get("output_norm.weight"))).collect()
 }
 
 // ---- the tests -------------------------------------------------------------------------------
@@ -417,18 +423,62 @@ fn qwen3_matches_the_reference() {
 
 #[test]
 fn gemma3_matches_the_reference() {
-    // Seven layers: five local ones with a window of 3 tokens, the global layer 5, and local 6.
-    check(Tiny {
-        arch: Architecture::Gemma3,
-        layers: 7,
-        kv_heads: 1,
-        head_dim: 24,
-        rope_dims: 24,
-        rope_base: 1e6,
-        window: Some(3),
-        tied: true,
-        ..LLAMA
-    });
+    check(GEMMA3);
+}
+
+/// Seven layers: five local ones with a window of 3 tokens, the global layer 5, and local 6.
+const GEMMA3: Tiny = Tiny {
+    arch: Architecture::Gemma3,
+    layers: 7,
+    kv_heads: 1,
+    head_dim: 24,
+    rope_dims: 24,
+    rope_base: 1e6,
+    window: Some(3),
+    tied: true,
+    ..LLAMA
+};
+
+/// The hidden output (what embeddings pool) equals the CPU reference's normalised final states,
+/// for the rows asked for, chunk by chunk.
+#[test]
+fn hidden_states_match_the_reference() {
+    for tiny in [LLAMA, GEMMA3] {
+        let mut rng = Rng::new(&format!("hidden {}", tiny.arch.name()));
+        let (weights, file) = tiny_file(&tiny, &mut rng);
+        let model = Model::load(gpu(), &file).unwrap();
+        let tokens: Vec<u32> = (0..9).map(|_| rng.usize(0, tiny.vocab) as u32).collect();
+        let expected = reference_hidden(&tiny, &weights, &tokens);
+        let mut cache = model.new_kv_cache(Some(2 * tokens.len())).unwrap();
+        let mut table = cache.new_sequence();
+        cache.append(&mut table, tokens.len()).unwrap();
+        let (first, second) = tokens.split_at(5);
+        let chunks = [
+            SequenceChunk { table: &table, tokens: first, first_position: 0, logits: LogitRows::All },
+            SequenceChunk { table: &table, tokens: second, first_position: 5, logits: LogitRows::Last },
+        ];
+        // One sequence in two chunks of one pass is not a batch the engine makes; two passes are.
+        let rows: Vec<f32> = chunks
+            .iter()
+            .flat_map(|chunk| {
+                pollster::block_on(model.forward_hidden(&cache, &[*chunk]).unwrap().to_f32(&gpu())).unwrap()
+            })
+            .collect();
+        let positions: Vec<usize> = (0..5).chain([8]).collect();
+        assert_eq!(rows.len(), positions.len() * tiny.hidden);
+        for (row, &position) in rows.chunks_exact(tiny.hidden).zip(&positions) {
+            let reference = &expected[position];
+            let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (i, (&got, &want)) in row.iter().zip(reference).enumerate() {
+                let error = (f64::from(got) - want).abs() / scale;
+                assert!(
+                    error <= LOGIT_TOLERANCE,
+                    "{} position {position} state {i}: got {got}, expected {want}",
+                    tiny.arch.name()
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -457,6 +507,17 @@ fn config_follows_llama_cpp_rules() {
     assert_eq!(config.rope_layout, crate::kernels::rope::RopeLayout::Interleaved);
     assert_eq!((config.head_dim, config.rope_dims, config.vocab_size), (16, 12, 37));
     assert!(!config.tied_output && config.sliding_window.is_none());
+    assert_eq!(config.pooling, Pooling::Mean, "no pooling_type pools by the mean");
+
+    // `pooling_type` as llama.cpp numbers it.
+    let weights = random_weights(&LLAMA, &mut rng);
+    for (value, pooling) in [(0, Pooling::Mean), (1, Pooling::Mean), (2, Pooling::First), (3, Pooling::Last)]
+    {
+        let mut entries = metadata(&LLAMA);
+        entries.push(("llama.pooling_type".into(), MetadataValue::U32(value)));
+        let file = GgufFile::from_bytes(gguf_bytes(&entries, &weights)).unwrap();
+        assert_eq!(ModelConfig::from_gguf(&file).unwrap().pooling, pooling);
+    }
 }
 
 /// Loads a tiny llama whose metadata or tensors were changed by `edit`; returns the error.
@@ -490,6 +551,8 @@ fn unsupported_or_broken_models_are_errors_that_say_what_is_wrong() {
         entries.push(("llama.rope.scaling.type".into(), MetadataValue::String("yarn".into())));
     });
     assert!(error.contains("'yarn' is not supported"), "{error}");
+    let error = load_error(|entries, _| entries.push(("llama.pooling_type".into(), MetadataValue::U32(4))));
+    assert!(error.contains("llama.pooling_type") && error.contains("rank"), "{error}");
 }
 
 /// The model a browser builds: the header from the file's first bytes, the vectors handed in,

@@ -16,6 +16,7 @@
 //! assert_eq!((sampling.temperature, sampling.max_new_tokens), (0.0, 8));
 //! ```
 
+mod embeddings;
 mod tools;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +28,7 @@ use crate::chat::{ChatMessage, ToolCall, ToolCallEvent, ToolCallFormat, ToolCall
 use crate::engine::{FinishReason, GenerateOutput};
 use crate::error::{Error, Result};
 use crate::sample::SamplingParams;
+pub use embeddings::EmbeddingRequest;
 pub use tools::{
     FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoiceParam, ToolKind, ToolUse,
 };

@@ -40,7 +40,8 @@ pub struct ModelArg {
 pub struct ChatTemplateArg {
     /// A Jinja chat template to use in place of the model file's own (tokenizer.chat_template),
     /// for a model whose file has none or a wrong one, as llama.cpp's --chat-template-file; it
-    /// is given messages, add_generation_prompt, bos_token and eos_token.
+    /// is given messages, tools (when a request offers some), add_generation_prompt, bos_token and
+    /// eos_token.
     #[arg(long, value_name = "PATH")]
     chat_template_file: Option<PathBuf>,
 }

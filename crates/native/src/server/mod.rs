@@ -26,7 +26,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use flint_core::engine::GenerationStream;
-use flint_core::openai::{ChoiceStream, Endpoint, Responder, Usage};
+use flint_core::openai::{ChoiceStream, EmbeddingRequest, Endpoint, Responder, Usage};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -70,12 +70,13 @@ impl Server {
         })
     }
 
-    /// The routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health` and
+    /// The routes: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`, `/health` and
     /// `/metrics` (Prometheus); anything else is OpenAI's 404.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/completions", post(completions))
+            .route("/v1/embeddings", post(embeddings))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/metrics", get(metrics))
@@ -106,13 +107,22 @@ async fn completions(State(server): State<Arc<Server>>, body: Result<Bytes, Byte
     generate(server, Endpoint::Completion, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Parses, checks and runs a request of either endpoint.
-async fn generate(
-    server: Arc<Server>,
-    endpoint: Endpoint,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(|rejection| {
+async fn embeddings(State(server): State<Arc<Server>>, body: Result<Bytes, BytesRejection>) -> Response {
+    embed(server, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Parses and runs an embeddings request.
+async fn embed(server: Arc<Server>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let request: EmbeddingRequest = parse_request(&read_body(&server, body)?)?;
+    let inputs = request.token_inputs(server.llm.tokenizer()).map_err(openai::invalid_parameter)?;
+    let embeddings = server.llm.engine()?.embed(inputs).await.map_err(openai::invalid_parameter)?;
+    let response = request.response(&server.model_id, &embeddings).map_err(openai::invalid_parameter)?;
+    Ok(Json(response).into_response())
+}
+
+/// A request's body, or the 413 (or other 4xx) of one that could not be read.
+fn read_body(server: &Server, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             let message = format!(
@@ -123,8 +133,16 @@ async fn generate(
         } else {
             ApiError::invalid(rejection.body_text(), None).with_status(status)
         }
-    })?;
-    let request = parse_request(&body)?;
+    })
+}
+
+/// Parses, checks and runs a request of either endpoint.
+async fn generate(
+    server: Arc<Server>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request = parse_request(&read_body(&server, body)?)?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completion => "cmpl",

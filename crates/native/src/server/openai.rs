@@ -11,9 +11,10 @@ use serde_json::{Value, json};
 
 use super::api_error::ApiError;
 
-/// Parses a request body of either endpoint; a malformed one (not JSON, invalid UTF-8, a field
-/// of the wrong type, an unknown field) is a 400 that says where.
-pub fn parse_request(body: &[u8]) -> Result<OpenAiRequest, ApiError> {
+/// Parses a request body (of completions or chat completions: [`OpenAiRequest`]; of
+/// embeddings: [`flint_core::openai::EmbeddingRequest`]); a malformed one (not JSON, invalid
+/// UTF-8, a field of the wrong type, an unknown field) is a 400 that says where.
+pub fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let request = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
@@ -170,8 +171,9 @@ pub fn plan(
     })
 }
 
-/// An error of the request's tools, naming the field at fault.
-fn invalid_parameter(error: flint_core::Error) -> ApiError {
+/// An error of the request naming the field at fault (its tools, its embedding inputs) as a
+/// 400; any other error as [`ApiError::from`] makes it.
+pub fn invalid_parameter(error: flint_core::Error) -> ApiError {
     match error {
         flint_core::Error::InvalidParameter { field, reason } => {
             ApiError::invalid(format!("invalid '{field}': {reason}"), Some(field))
@@ -291,7 +293,7 @@ mod tests {
         for model in [r#""model": "gpt-4o-mini","#, r#""model": "some-other-model","#, ""] {
             let body =
                 format!(r#"{{{model} "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 2}}"#);
-            let request = parse_request(body.as_bytes()).unwrap();
+            let request: OpenAiRequest = parse_request(body.as_bytes()).unwrap();
             let plan = plan(request, Endpoint::Chat, &Fake, "test".into())
                 .unwrap_or_else(|error| panic!("{model}: {}", error.body()));
             assert!(matches!(plan.request.input_ids, Some(Prompts::One(ref ids)) if ids == &[1, 2, 3]));

@@ -15,13 +15,14 @@ use web_time::Instant;
 use super::Fault;
 use super::scheduler::Scheduler;
 use super::sequence::Sequence;
-use super::{Command, EngineMetrics, Health};
+use super::{Command, EmbedJob, EngineMetrics, Health};
 use crate::Error;
 use crate::error::panic_message;
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
+mod embed;
 mod overlap;
 mod pass;
 
@@ -79,6 +80,8 @@ pub struct StepLoop {
     prefix_cache: bool,
     /// The overlapped step submitted and not applied yet.
     in_flight: Option<overlap::InFlight>,
+    /// Embedding jobs waiting to run, in order.
+    embed_jobs: VecDeque<EmbedJob>,
     /// Faults injected and not met yet.
     #[cfg(feature = "fault-injection")]
     faults: Vec<Fault>,
@@ -108,6 +111,7 @@ impl StepLoop {
             counters: Counters::default(),
             prefix_cache,
             in_flight: None,
+            embed_jobs: VecDeque::new(),
             #[cfg(feature = "fault-injection")]
             faults: Vec::new(),
         };
@@ -118,7 +122,7 @@ impl StepLoop {
     /// Runs steps while there is work, and waits for requests while there is none.
     pub async fn run(mut self) {
         loop {
-            if self.scheduler.is_idle() {
+            if self.scheduler.is_idle() && self.embed_jobs.is_empty() {
                 // Every sequence of a step in flight is gone: nobody wants its draws.
                 self.in_flight = None;
                 match self.commands.recv().await {
@@ -133,6 +137,9 @@ impl StepLoop {
             if let Some(reason) = self.health.failure() {
                 self.fail_everything(&reason);
             }
+            if !self.embed_jobs.is_empty() {
+                self.run_embeddings().await;
+            }
             if !self.scheduler.is_idle() {
                 self.step().await;
             }
@@ -145,6 +152,7 @@ impl StepLoop {
     fn handle(&mut self, command: Command) {
         match command {
             Command::Submit(sequences) => self.scheduler.waiting.extend(sequences),
+            Command::Embed(job) => self.embed_jobs.push_back(job),
             Command::Abort(rid) => {
                 let all = self.scheduler.running.iter_mut().chain(self.scheduler.waiting.iter_mut());
                 for seq in all.filter(|s| s.request.rid == rid) {
@@ -171,6 +179,9 @@ impl StepLoop {
         let all = self.scheduler.running.iter_mut().chain(self.scheduler.waiting.iter_mut());
         for seq in all {
             seq.fail(Error::Unhealthy(reason.to_string()));
+        }
+        for job in self.embed_jobs.drain(..) {
+            let _ = job.reply.send(Err(Error::Unhealthy(reason.to_string())));
         }
         self.emit_and_retire();
     }
