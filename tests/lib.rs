@@ -1,5 +1,5 @@
 //! Helpers for the end-to-end tests in `tests/tests/`: where the two reference models and
-//! llama.cpp's reference data live.
+//! llama.cpp's reference data live, and the tiny random-weight models (`tiny_model_dir`).
 //!
 //! The models are fetched by `scripts/fetch-models.sh` into `$FLINT_MODEL_DIR`, else
 //! `${XDG_CACHE_HOME:-~/.cache}/flint/models`. The reference data is `tests/reference/` in
@@ -7,6 +7,8 @@
 //! the test that needs it, with a message saying how to get it: it is never a skip.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 /// One of the two real models the reference data was produced for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,4 +88,34 @@ pub fn reference_dir() -> PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The repository's root folder.
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The folder of the tiny random-weight models: `scripts/fixtures/make_tiny_models.sh` writes
+/// any that are missing or stale (it needs `python3` with pip the first time), checks each
+/// against the sha256 of its fixture (`tests/fixtures/tiny_models/`), and prints the folder.
+///
+/// # Panics
+/// When the script fails.
+pub fn tiny_model_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = repo_root().join("scripts/fixtures/make_tiny_models.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+        assert!(
+            output.status.success(),
+            "{} failed ({}), so the tiny models are not available:\n{}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+    })
 }

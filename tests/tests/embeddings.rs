@@ -13,8 +13,6 @@
 //! one token's state within 1e-2 and above 0.9995. A wrong pooling, norm or position is off
 //! by a tenth or more.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use flint_core::engine::{Engine, EngineOptions, GenerateRequest, Prompts};
@@ -22,6 +20,7 @@ use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::model::Pooling;
 use flint_core::sample::SamplingParams;
+use flint_e2e::{repo_root, tiny_model_dir};
 use futures::StreamExt;
 use serde::Deserialize;
 
@@ -50,21 +49,6 @@ struct ModelRecord {
 struct Input {
     ids: Vec<u32>,
     embedding: Vec<f32>,
-}
-
-fn repo_root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-/// The folder of the tiny models, made by `scripts/fixtures/make_tiny_models.sh`.
-fn tiny_model_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let script = repo_root().join("scripts/fixtures/make_tiny_models.sh");
-        let output = Command::new("bash").arg(&script).output().unwrap();
-        assert!(output.status.success(), "{}: {}", script.display(), String::from_utf8_lossy(&output.stderr));
-        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-    })
 }
 
 fn gpu() -> Arc<GpuContext> {

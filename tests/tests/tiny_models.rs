@@ -19,14 +19,13 @@
 //! The files' vocabulary (gpt2-kind BPE, `qwen2` pre-tokenizer, synthetic merges) is checked
 //! too: flint's tokenizer must split the fixtures' texts into llama.cpp's ids.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use flint_core::gguf::GgufFile;
 use flint_core::gpu::{GpuContext, GpuOptions};
 use flint_core::model::{LogitRows, Model, SequenceChunk};
 use flint_core::tokenizer::Tokenizer;
+use flint_e2e::{repo_root, tiny_model_dir};
 
 /// One fixture: what llama.cpp and the exact pass computed for one tiny model.
 #[derive(serde::Deserialize)]
@@ -104,31 +103,6 @@ fn llama_cpp_bound(weight_type: &str) -> f32 {
         "F16" => 0.015,
         other => panic!("no logit bound for weight type {other}"),
     }
-}
-
-fn repo_root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-/// The folder of the tiny models: `scripts/fixtures/make_tiny_models.sh` writes any that are
-/// missing or stale (it needs `python3` with pip the first time) and prints the folder.
-fn tiny_model_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let script = repo_root().join("scripts/fixtures/make_tiny_models.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .output()
-            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
-        assert!(
-            output.status.success(),
-            "{} failed ({}), so the tiny models are not available:\n{}",
-            script.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-    })
 }
 
 fn read_fixture(name: &str) -> Fixture {
