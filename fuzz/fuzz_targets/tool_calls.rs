@@ -3,7 +3,7 @@
 //! whole text.
 #![no_main]
 
-use flint_core::chat::{ParsedCall, ParsedReply, ToolCallEvent, ToolCallFormat};
+use flint_core::chat::{ParsedReply, ToolCallEvent, ToolCallFormat};
 use libfuzzer_sys::fuzz_target;
 
 const FORMATS: [ToolCallFormat; 4] =
@@ -31,16 +31,12 @@ fuzz_target!(|data: &[u8]| {
 
     let mut streamed = ParsedReply::default();
     for event in events {
-        match event {
-            ToolCallEvent::Content(piece) => streamed.content.push_str(&piece),
-            ToolCallEvent::Call { index, name } => {
-                assert_eq!(index, streamed.calls.len());
-                streamed.calls.push(ParsedCall { name, arguments: String::new() });
-            }
-            ToolCallEvent::Arguments { index, fragment } => {
-                streamed.calls[index].arguments.push_str(&fragment)
-            }
+        match &event {
+            ToolCallEvent::Call { index, .. } => assert_eq!(*index, streamed.calls.len()),
+            ToolCallEvent::Arguments { index, .. } => assert!(*index < streamed.calls.len()),
+            ToolCallEvent::Content(_) => {}
         }
+        streamed.add(event);
     }
     assert_eq!(streamed, whole, "{format:?} on {text:?}");
 });

@@ -144,6 +144,24 @@ pub struct ParsedReply {
     pub calls: Vec<ParsedCall>,
 }
 
+impl ParsedReply {
+    /// Adds what `event` says: its text to the content, a new call, or more of a call's
+    /// arguments. Folding a parser's events in order gives [`ToolCallFormat::parse`]'s reply.
+    pub fn add(&mut self, event: ToolCallEvent) {
+        match event {
+            ToolCallEvent::Content(text) => self.content.push_str(&text),
+            ToolCallEvent::Call { name, .. } => {
+                self.calls.push(ParsedCall { name, arguments: String::new() })
+            }
+            ToolCallEvent::Arguments { index, fragment } => {
+                if let Some(call) = self.calls.get_mut(index) {
+                    call.arguments.push_str(&fragment);
+                }
+            }
+        }
+    }
+}
+
 /// What a stretch of streamed output says, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToolCallEvent {
@@ -280,20 +298,8 @@ impl ToolCallFormat {
     /// `text`, a whole output, as text and calls: what a [`ToolCallParser`] fed all of it says.
     pub fn parse(self, text: &str) -> ParsedReply {
         let mut parser = self.parser();
-        let mut events = parser.push(text);
-        events.extend(parser.finish());
         let mut reply = ParsedReply::default();
-        for event in events {
-            match event {
-                ToolCallEvent::Content(text) => reply.content.push_str(&text),
-                ToolCallEvent::Call { name, .. } => {
-                    reply.calls.push(ParsedCall { name, arguments: String::new() })
-                }
-                ToolCallEvent::Arguments { index, fragment } => {
-                    reply.calls[index].arguments.push_str(&fragment)
-                }
-            }
-        }
+        parser.push(text).into_iter().chain(parser.finish()).for_each(|event| reply.add(event));
         reply
     }
 }

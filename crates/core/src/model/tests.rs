@@ -329,18 +329,20 @@ fn tiny_file(tiny: &Tiny, rng: &mut Rng) -> (TinyWeights, GgufFile) {
     (weights, file)
 }
 
-/// Compares rows of GPU logits, the `i`-th of `positions[i]`, with the CPU reference; returns
-/// the worst error relative to each row's largest |logit|.
+/// Compares rows of GPU output (logits, or hidden states), the `i`-th of `positions[i]`, with
+/// the CPU reference's rows; returns the worst error relative to each row's largest |value|.
 fn compare(what: &str, tiny: &Tiny, got: &[f32], expected: &[Vec<f64>], positions: &[usize]) -> f64 {
+    let width = expected[0].len();
+    assert_eq!(got.len(), positions.len() * width, "{what}: rows");
     let mut worst = 0.0f64;
-    for (row, &position) in got.chunks_exact(tiny.vocab).zip(positions) {
+    for (row, &position) in got.chunks_exact(width).zip(positions) {
         let reference = &expected[position];
         let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         for (i, (&g, &e)) in row.iter().zip(reference).enumerate() {
             let error = (f64::from(g) - e).abs() / scale;
             assert!(
                 error <= LOGIT_TOLERANCE,
-                "{} {what}: position {position} logit {i}: got {g}, expected {e} (error {error:.2e} of the row's max {scale:.3})",
+                "{} {what}: position {position} value {i}: got {g}, expected {e} (error {error:.2e} of the row's max {scale:.3})",
                 tiny.arch.name()
             );
             worst = worst.max(error);
@@ -465,19 +467,7 @@ fn hidden_states_match_the_reference() {
             })
             .collect();
         let positions: Vec<usize> = (0..5).chain([8]).collect();
-        assert_eq!(rows.len(), positions.len() * tiny.hidden);
-        for (row, &position) in rows.chunks_exact(tiny.hidden).zip(&positions) {
-            let reference = &expected[position];
-            let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            for (i, (&got, &want)) in row.iter().zip(reference).enumerate() {
-                let error = (f64::from(got) - want).abs() / scale;
-                assert!(
-                    error <= LOGIT_TOLERANCE,
-                    "{} position {position} state {i}: got {got}, expected {want}",
-                    tiny.arch.name()
-                );
-            }
-        }
+        compare("hidden states", &tiny, &rows, &expected, &positions);
     }
 }
 

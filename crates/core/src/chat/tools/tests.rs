@@ -230,14 +230,12 @@ fn parse_every_way(format: ToolCallFormat, text: &str) -> ParsedReply {
 fn rebuild(events: Vec<ToolCallEvent>) -> ParsedReply {
     let mut reply = ParsedReply::default();
     for event in events {
-        match event {
-            ToolCallEvent::Content(text) => reply.content.push_str(&text),
-            ToolCallEvent::Call { index, name } => {
-                assert_eq!(index, reply.calls.len());
-                reply.calls.push(ParsedCall { name, arguments: String::new() });
-            }
-            ToolCallEvent::Arguments { index, fragment } => reply.calls[index].arguments.push_str(&fragment),
+        match &event {
+            ToolCallEvent::Call { index, .. } => assert_eq!(*index, reply.calls.len()),
+            ToolCallEvent::Arguments { index, .. } => assert!(*index < reply.calls.len()),
+            ToolCallEvent::Content(_) => {}
         }
+        reply.add(event);
     }
     reply
 }
