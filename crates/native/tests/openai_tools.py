@@ -216,6 +216,8 @@ def check_errors():
         (dict(tools=[WEATHER, WEATHER]), "tools"),
         (dict(tools=TOOLS, response_format={"type": "json_object"}), "response_format"),
         (dict(tool_choice="required"), "tool_choice"),
+        # A schema llguidance cannot compile is refused naming the tools, not response_format.
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}], tool_choice="required"), "tools"),
     ]
     for fields, param in cases:
         try:

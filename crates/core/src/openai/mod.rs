@@ -310,14 +310,17 @@ impl ResponseFormat {
 }
 
 /// The name in OpenAI's requests of a field of the engine's request contract, for the errors
-/// that name it: `max_new_tokens` is `max_tokens`, `json_schema` is `response_format`...
+/// that name it: `max_new_tokens` is `max_tokens`, `json_schema` is `response_format`... An
+/// OpenAI request sets a grammar only through its tools ([`OpenAiRequest::tool_use`]), so a
+/// grammar that does not compile (a function's schema that llguidance refuses) is `tools`.
 pub fn field_name(engine_field: &str) -> &str {
     match engine_field {
         "max_new_tokens" => "max_tokens",
         "min_new_tokens" => "min_tokens",
         "top_logprobs_num" => "top_logprobs",
         "text" | "input_ids" => "prompt",
-        "json_schema" | "regex" | "grammar" => "response_format",
+        "json_schema" | "regex" => "response_format",
+        "grammar" => "tools",
         other => other,
     }
 }
@@ -889,6 +892,8 @@ mod tests {
             refusal(r#"{"tools": [{"type": "retrieval", "function": {"name": "f"}}]}"#)
                 .contains("unknown variant")
         );
+        // A schema llguidance refuses fails in the engine, as the tools' grammar.
+        assert_eq!(field_name("grammar"), "tools");
     }
 
     #[test]
